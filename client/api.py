@@ -1,0 +1,76 @@
+"""A typed client for the runyard API: one method per endpoint, no raw URLs in commands."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ApiError(Exception):
+    """The service refused (4xx/5xx) or could not be reached; `message` is for people."""
+
+    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.body = message, status, body
+
+
+class RunyardClient:
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        self.url = (url or os.environ.get("RUNYARD_URL") or DEFAULT_URL).rstrip("/")
+        token = token or os.environ.get("RUNYARD_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
+                "start it with `runyard dev up` or set RUNYARD_URL"
+            ) from exc
+        if response.is_error:
+            try:
+                body = response.json()
+                detail = body.get("detail", body)
+            except ValueError:
+                body, detail = response.text, response.text
+            raise ApiError(f"{detail}", status=response.status_code, body=body)
+        return response.json()
+
+    # runs
+    def submit_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/runs", json=spec)
+
+    def list_runs(self, state: str | None = None, limit: int = 50) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        return self._call("GET", "/v1/runs", params=params)
+
+    def get_run(self, run_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/runs/{run_id}")
+
+    def cancel_run(self, run_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/runs/{run_id}/cancel")
+
+    def run_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/runs/{run_id}/checkpoints")
+
+    def run_events(self, run_id: int, after_id: int = 0) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/runs/{run_id}/events", params={"after_id": after_id})
+
+    def run_metrics(self, run_id: int, after_step: int = -1) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/runs/{run_id}/metrics", params={"after_step": after_step})
+
+    # nodes
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/nodes")
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz")

@@ -1,0 +1,25 @@
+"""The `runyard` command: one sub-command group per noun."""
+
+from __future__ import annotations
+
+import typer
+
+from client.commands import dev, node, run
+
+app = typer.Typer(help="runyard: training-run orchestration for Slurm clusters.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(run.app, name="run")
+app.add_typer(node.app, name="node")
+app.add_typer(dev.app, name="dev")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def agent(ctx: typer.Context) -> None:
+    """Run the node health agent (see `runyard agent --help`)."""
+    from worker.agent.main import main as agent_main
+
+    agent_main(ctx.args)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,53 @@
+"""`runyard dev up|down|status`: the local development cluster."""
+
+from __future__ import annotations
+
+import typer
+
+from client.devcluster import cluster
+from client.devcluster.postgres import PostgresUnavailable
+from client.output import Exit, console, fail, hint, print_json, print_table
+
+app = typer.Typer(help="The local development cluster (real Slurm on this machine).",
+                  no_args_is_help=True)
+
+
+def _say(message: str) -> None:
+    console.print(f"[dim]..[/dim] {message}", highlight=False)
+
+
+@app.command()
+def up(nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
+       leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
+       port: int = typer.Option(8000, help="Service port on 127.0.0.1.")) -> None:
+    """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
+    dev = cluster.DevCluster(cluster.default_state_dir(), service_port=port)
+    try:
+        cluster.up(nodes, leaf_size, dev, say=_say)
+    except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:
+        fail(str(exc), Exit.ERROR)
+    console.print(f"service: {dev.service_url}   slurm: SLURM_CONF={dev.slurm_conf}")
+    hint(f"source {dev.state_dir / 'env.sh'}  (sets SLURM_CONF and RUNYARD_URL for sinfo/squeue)")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes `dev up` started."""
+    stopped = cluster.down(say=_say)
+    console.print(f"stopped {len(stopped)} processes" if stopped else "nothing was running")
+
+
+@app.command()
+def status(json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """What `dev up` started and whether it still runs."""
+    table = cluster.status()
+    if json:
+        return print_json(table)
+    if not table:
+        console.print("the dev cluster is not up")
+        raise typer.Exit(Exit.ERROR)
+    print_table(None, ["PROCESS", "PID", "RUNNING", "LOG"],
+                [(n, p["pid"], "yes" if p["running"] else "NO", p["log"])
+                 for n, p in table.items()])
+    if not all(p["running"] for p in table.values()):
+        raise typer.Exit(Exit.ERROR)

@@ -1,0 +1,261 @@
+"""`runyard dev up|down|status`: a real multi-node Slurm cluster plus the service, on one box.
+
+Everything started here is recorded by PID in `<state>/processes.json`; `down` stops exactly
+those processes and nothing else (a munged that was already running is left alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from client.devcluster import postgres
+from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
+from client.devcluster.render import PARTITION, ClusterShape, render
+from service.config import REPO_ROOT
+
+SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/runyard"
+
+Progress = Callable[[str], None]
+
+
+class DevClusterError(RuntimeError):
+    """The dev cluster could not be brought up; the message says what to do."""
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / "dev")).resolve()
+
+
+@dataclass(frozen=True)
+class DevCluster:
+    """Paths and settings of one dev cluster rooted at `state_dir`."""
+
+    state_dir: Path
+    service_port: int = 8000
+    database_url: str = DEFAULT_DATABASE_URL
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.state_dir / "slurm.conf"
+
+    @property
+    def service_url(self) -> str:
+        return f"http://127.0.0.1:{self.service_port}"
+
+    @property
+    def table(self) -> ProcessTable:
+        return ProcessTable(self.state_dir / "processes.json")
+
+    def kern_log(self, node: str) -> Path:
+        """The file that plays a node's kernel log (tests append Xid lines to it)."""
+        return self.state_dir / "nodes" / node / "kern.log"
+
+    def slurm_env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+    def service_env(self) -> dict[str, str]:
+        return {
+            **self.slurm_env(),
+            "RUNYARD_DATABASE_URL": self.database_url,
+            "RUNYARD_PORT": str(self.service_port),
+            "RUNYARD_STATE_DIR": str(self.state_dir),
+            "RUNYARD_SLURM_CONF": str(self.slurm_conf),
+            "RUNYARD_PARTITION": PARTITION,
+        }
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+
+
+def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"{what} did not come up within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def ensure_slurm_installed(say: Progress) -> None:
+    if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return
+    say("installing Slurm and munge with apt-get")
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *SLURM_PACKAGES], check=True, env=env)
+
+
+def _write_configs(cluster: DevCluster, shape: ClusterShape) -> None:
+    state = cluster.state_dir
+    for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    for name, text in render(shape, state).items():
+        (state / name).write_text(text)
+    for i in range(shape.gpus_per_node):
+        device = state / "dev" / f"nvidia{i}"
+        if not device.exists():
+            # Character devices like the real /dev/nvidiaN (major 195): slurmd accepts them.
+            os.mknod(device, 0o666 | 0o020000, os.makedev(195, i))
+    for node in shape.node_names:
+        cluster.kern_log(node).parent.mkdir(parents=True, exist_ok=True)
+        cluster.kern_log(node).touch()
+    (state / "shape.json").write_text(json.dumps(asdict(shape)))
+    (state / "env.sh").write_text(
+        f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
+    )
+
+
+def _saved_shape(cluster: DevCluster) -> ClusterShape | None:
+    path = cluster.state_dir / "shape.json"
+    return ClusterShape(**json.loads(path.read_text())) if path.exists() else None
+
+
+def _ensure_munge(table: dict[str, Started], cluster: DevCluster) -> None:
+    if _run(["pgrep", "-x", "munged"]).returncode == 0:
+        return  # someone's munged already serves the default socket; not ours to manage
+    for folder in MUNGE_DIRS:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.chown(folder, "munge", "munge")
+    if not Path("/etc/munge/munge.key").exists():
+        subprocess.run(["mungekey", "--create"], check=True)
+        shutil.chown("/etc/munge/munge.key", "munge", "munge")
+    log = cluster.state_dir / "log" / "munged.out"
+    table["munged"] = spawn("munged", ["munged", "--foreground"], log, user="munge")
+    _wait("munged", lambda: Path("/run/munge/munge.socket.2").exists(), 10)
+
+
+def _nodes_ready(cluster: DevCluster, names: list[str]) -> bool:
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %T"], env=cluster.slurm_env())
+    if out.returncode != 0:
+        return False
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    bad = ("down", "unknown", "not_responding", "inval", "future")
+    return all(n in states and not any(b in states[n] for b in bad) for n in names)
+
+
+def up(
+    num_nodes: int = 8, leaf_size: int = 4, cluster: DevCluster | None = None,
+    with_service: bool = True, say: Progress = print,
+) -> DevCluster:
+    """Bring every part up; parts already running are left as they are."""
+    cluster = cluster or DevCluster(default_state_dir())
+    shape = ClusterShape(num_nodes=num_nodes, leaf_size=leaf_size)
+    ensure_slurm_installed(say)
+    table = cluster.table.load()
+    saved = _saved_shape(cluster)
+    slurm_running = any(is_alive(p) for n, p in table.items() if n.startswith("slurm"))
+    if saved is not None and saved != shape and slurm_running:
+        raise DevClusterError(
+            f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
+            f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
+        )
+    _write_configs(cluster, shape)
+    _ensure_munge(table, cluster)
+    cluster.table.save(table)
+
+    conf = str(cluster.slurm_conf)
+    log_dir = cluster.state_dir / "log"
+    if not (p := table.get("slurmctld")) or not is_alive(p):
+        say("starting slurmctld")
+        table["slurmctld"] = spawn(
+            "slurmctld", ["slurmctld", "-D", "-f", conf], log_dir / "slurmctld.out",
+            env=cluster.slurm_env(),
+        )
+        cluster.table.save(table)
+        _wait("slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30)
+    for node in shape.node_names:
+        key = f"slurmd:{node}"
+        if not (p := table.get(key)) or not is_alive(p):
+            table[key] = spawn(
+                key, ["slurmd", "-D", "-N", node, "-f", conf], log_dir / f"slurmd-{node}.out",
+                env=cluster.slurm_env(),
+            )
+    cluster.table.save(table)
+    say(f"waiting for {num_nodes} slurmd nodes to register")
+    _wait("the slurmd nodes", lambda: _nodes_ready(cluster, shape.node_names), 60)
+
+    if with_service:
+        _start_service(cluster, table, shape, say)
+    say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
+    return cluster
+
+
+def _service_healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start_service(
+    cluster: DevCluster, table: dict[str, Started], shape: ClusterShape, say: Progress
+) -> None:
+    say("making sure Postgres runs and the database is migrated")
+    postgres.ensure_running()
+    postgres.ensure_database(cluster.database_url)
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
+        check=True, env=cluster.service_env(), cwd=REPO_ROOT, capture_output=True,
+    )
+    log_dir = cluster.state_dir / "log"
+    if not (p := table.get("service")) or not is_alive(p):
+        if _service_healthy(cluster.service_url):
+            raise DevClusterError(
+                f"port {cluster.service_port} already serves something not started by this "
+                "dev cluster; stop it or set another port with --port"
+            )
+        say(f"starting the service on {cluster.service_url}")
+        table["service"] = spawn(
+            "service",
+            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
+             "--host", "127.0.0.1", "--port", str(cluster.service_port)],
+            log_dir / "service.out", env=cluster.service_env(),
+        )
+        cluster.table.save(table)
+    _wait("the service", lambda: _service_healthy(cluster.service_url), 60)
+    for node in shape.node_names:
+        key = f"agent:{node}"
+        if not (p := table.get(key)) or not is_alive(p):
+            table[key] = spawn(
+                key,
+                [sys.executable, "-m", "worker.agent", "--node", node,
+                 "--service-url", cluster.service_url,
+                 "--kernel-log", str(cluster.kern_log(node)),
+                 "--state-dir", str(cluster.state_dir / "nodes" / node)],
+                log_dir / f"agent-{node}.out", env=cluster.service_env(),
+            )
+    cluster.table.save(table)
+
+
+def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
+    """Stop what `up` started, newest first. Returns the names that were running."""
+    cluster = cluster or DevCluster(default_state_dir())
+    table = cluster.table.load()
+    order = sorted(table, key=lambda n: (n.startswith("munged"), n.startswith("slurmctld"),
+                                         n.startswith("slurmd"), n))
+    stopped = [name for name in order if stop(table[name])]
+    for name in stopped:
+        say(f"stopped {name}")
+    cluster.table.save({})
+    return stopped
+
+
+def status(cluster: DevCluster | None = None) -> dict[str, dict[str, object]]:
+    """Each process `up` started, with whether it still runs."""
+    cluster = cluster or DevCluster(default_state_dir())
+    return {
+        name: {"pid": proc.pid, "running": is_alive(proc), "log": proc.log}
+        for name, proc in cluster.table.load().items()
+    }

@@ -1,0 +1,112 @@
+"""Render slurm_templates/ into a dev cluster's state folder (pure: no processes)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "slurm_templates"
+FIRST_SLURMD_PORT = 17001  # one port per slurmd; slurmctld listens on CONTROLLER_PORT
+CONTROLLER_PORT = 16817
+PARTITION = "train"
+
+
+def node_name(index: int) -> str:
+    """gpu001, gpu002, ... (1-based, as on real clusters)."""
+    return f"gpu{index:03d}"
+
+
+def hostlist(first: int, last: int) -> str:
+    """Slurm's compressed form of a contiguous node range: gpu[001-004]."""
+    if first == last:
+        return node_name(first)
+    return f"gpu[{first:03d}-{last:03d}]"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    name: str
+    nodes: str
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What `runyard dev up` was asked for."""
+
+    num_nodes: int = 8
+    leaf_size: int = 4
+    gpus_per_node: int = 8
+    cpus_per_node: int = 8
+    memory_mb_per_node: int = 16000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_nodes <= 64:
+            raise ValueError(f"--nodes must be between 1 and 64, got {self.num_nodes}")
+        if not 1 <= self.leaf_size <= self.num_nodes:
+            raise ValueError(
+                f"--leaf-size must be between 1 and --nodes ({self.num_nodes}), "
+                f"got {self.leaf_size}"
+            )
+
+    @property
+    def node_names(self) -> list[str]:
+        return [node_name(i) for i in range(1, self.num_nodes + 1)]
+
+    @property
+    def leaves(self) -> list[Leaf]:
+        leaves = []
+        for n, start in enumerate(range(1, self.num_nodes + 1, self.leaf_size), start=1):
+            end = min(start + self.leaf_size - 1, self.num_nodes)
+            members = tuple(node_name(i) for i in range(start, end + 1))
+            leaves.append(Leaf(f"leaf{n}", hostlist(start, end), members))
+        return leaves
+
+    def port_of(self, node: str) -> int:
+        return FIRST_SLURMD_PORT + self.node_names.index(node)
+
+
+def render(shape: ClusterShape, state_dir: Path, munge_socket: str | None = None) -> dict[str, str]:
+    """The three config files, by file name, for a cluster rooted at `state_dir`."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    leaves = shape.leaves
+    common = {
+        "node_range": hostlist(1, shape.num_nodes),
+        "gpus_per_node": shape.gpus_per_node,
+    }
+    last_port = FIRST_SLURMD_PORT + shape.num_nodes - 1
+    slurm_conf = env.get_template("slurm.conf.j2").render(
+        **common,
+        cluster_name="runyard-dev",
+        controller_host=socket.gethostname().split(".")[0],
+        controller_addr="127.0.0.1",
+        controller_port=CONTROLLER_PORT,
+        slurm_user="root",
+        munge_socket=munge_socket,
+        state_dir=str(state_dir),
+        min_job_age_s=3600,
+        prolog=None,
+        epilog=None,
+        port_range=f"{FIRST_SLURMD_PORT}-{last_port}" if shape.num_nodes > 1 else last_port,
+        cpus_per_node=shape.cpus_per_node,
+        memory_mb_per_node=shape.memory_mb_per_node,
+        partition=PARTITION,
+        max_time="INFINITE",
+    )
+    topology_conf = env.get_template("topology.conf.j2").render(
+        leaf_size=shape.leaf_size,
+        leaves=leaves,
+        spine="spine",
+        leaf_names=",".join(leaf.name for leaf in leaves),
+    )
+    gres_conf = env.get_template("gres.conf.j2").render(
+        **common, device_dir=str(state_dir / "dev")
+    )
+    return {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}

@@ -1,0 +1,57 @@
+"""create_app(): routers, error handlers, and the reconcile loop's lifespan."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy import text
+
+from service.config import get_settings
+from service.db import get_engine
+from service.errors import install_error_handlers
+from service.nodes.endpoints import router as nodes_router
+from service.reconcile.loop import run_forever
+from service.runs.endpoints import router as runs_router
+from service.workers.endpoints import router as worker_router
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    if settings.slurm_conf is not None:
+        # submitit calls sbatch with our environment; this is how it finds the cluster.
+        os.environ["SLURM_CONF"] = str(settings.slurm_conf)
+    stop = threading.Event()
+    thread = None
+    if settings.run_reconciler:
+        thread = threading.Thread(target=run_forever, args=(settings, stop),
+                                  name="reconciler", daemon=True)
+        thread.start()
+    yield
+    stop.set()
+    if thread is not None:
+        thread.join(timeout=10)
+
+
+def create_app() -> FastAPI:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    app = FastAPI(title="runyard", version="0.1.0", lifespan=lifespan,
+                  description="Training-run orchestration for Slurm clusters.")
+    install_error_handlers(app)
+    app.include_router(runs_router)
+    app.include_router(nodes_router)
+    app.include_router(worker_router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness plus a database round trip."""
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,72 @@
+"""Service settings, read from RUNYARD_* environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Settings(BaseSettings):
+    """One source of truth for everything an operator can tune."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNYARD_", extra="ignore")
+
+    database_url: str = Field(
+        default="postgresql+psycopg://postgres@127.0.0.1:5432/runyard",
+        description="SQLAlchemy URL of the Postgres database that holds all durable state.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address the API listens on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the API listens on.")
+    public_url: str | None = Field(
+        default=None,
+        description="URL workers and agents use to reach the API (default http://host:port).",
+    )
+    state_dir: Path = Field(
+        default=REPO_ROOT / ".runyard" / "dev",
+        description="Root of job folders, logs, checkpoints and the data cache.",
+    )
+    checkpoint_root: Path | None = Field(
+        default=None, description="Where runs write checkpoints (default state_dir/checkpoints)."
+    )
+    slurm_conf: Path | None = Field(
+        default=None, description="SLURM_CONF for sbatch/squeue/scontrol (None: Slurm's default)."
+    )
+    partition: str = Field(default="train", description="Slurm partition runs are submitted to.")
+    reconcile_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the reconciler compares Postgres with Slurm."
+    )
+    default_max_restarts: int = Field(
+        default=3, ge=0, description="Automatic re-submissions of a failed run, unless the spec says."
+    )
+    worker_python: str | None = Field(
+        default=None, description="Python interpreter on compute nodes (default: the service's)."
+    )
+    run_reconciler: bool = Field(
+        default=True, description="Run the background reconcile loop inside the API process."
+    )
+
+    @property
+    def api_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.checkpoint_root or self.state_dir / "checkpoints"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+    @property
+    def data_cache_dir(self) -> Path:
+        return self.state_dir / "data"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

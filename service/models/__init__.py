@@ -1,0 +1,29 @@
+"""All tables, imported in one place so Alembic and the app see the same metadata."""
+
+from service.models.base import Base
+from service.models.node import Node, NodeEvent, NodeState
+from service.models.run import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    CheckpointState,
+    Metric,
+    Run,
+    RunEvent,
+    RunState,
+)
+
+__all__ = [
+    "Attempt",
+    "AttemptState",
+    "Base",
+    "Checkpoint",
+    "CheckpointState",
+    "Metric",
+    "Node",
+    "NodeEvent",
+    "NodeState",
+    "Run",
+    "RunEvent",
+    "RunState",
+]

@@ -1,0 +1,51 @@
+"""Compute nodes as runyard sees them, and everything that happened to them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Enum, ForeignKey, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, Timestamped, utcnow
+
+
+class NodeState(StrEnum):
+    HEALTHY = "HEALTHY"
+    SUSPECT = "SUSPECT"
+    DRAINING = "DRAINING"
+    DRAINED = "DRAINED"
+    SPARE = "SPARE"
+    IN_REPAIR = "IN_REPAIR"
+
+
+class Node(Timestamped, Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[NodeState] = mapped_column(
+        Enum(NodeState, name="node_state", native_enum=False, length=16, validate_strings=True)
+    )
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    slurm_state: Mapped[str] = mapped_column(String(64), default="")
+    slurm_reason: Mapped[str] = mapped_column(Text, default="")
+    addr: Mapped[str] = mapped_column(String(255), default="")
+    switch: Mapped[str | None] = mapped_column(String(64))
+    num_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class NodeEvent(Base):
+    __tablename__ = "node_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    node_name: Mapped[str] = mapped_column(
+        ForeignKey("nodes.name", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,154 @@
+"""Runs, their attempts (one per Slurm allocation), checkpoints, metrics and timeline."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from service.models.base import Base, Timestamped, utcnow
+
+
+class RunState(StrEnum):
+    PENDING = "PENDING"  # accepted; waiting for an attempt to be submitted or to start
+    RUNNING = "RUNNING"
+    CANCELLING = "CANCELLING"  # cancel asked; the Slurm job is being stopped
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+
+class AttemptState(StrEnum):
+    SUBMITTING = "SUBMITTING"  # recorded before sbatch, so a crash mid-submit is recoverable
+    PENDING = "PENDING"  # in the Slurm queue
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
+
+
+class CheckpointState(StrEnum):
+    WRITING = "WRITING"
+    COMMITTED = "COMMITTED"  # every rank finished and the marker is on disk: safe to load
+    DELETED = "DELETED"  # pruned after newer ones were committed
+
+
+def _enum(cls: type[StrEnum], name: str) -> Enum:
+    return Enum(cls, name=name, native_enum=False, length=16, validate_strings=True)
+
+
+class Run(Timestamped, Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    state: Mapped[RunState] = mapped_column(_enum(RunState, "run_state"), index=True)
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)  # as the user submitted it
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB)  # resolved (planner output)
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    max_restarts: Mapped[int] = mapped_column(Integer)
+    num_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    last_loss: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    final_step: Mapped[int | None] = mapped_column(Integer)  # reported by the worker at the end
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="run", lazy="raise", order_by="Attempt.number"
+    )
+
+
+class Attempt(Timestamped, Base):
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[AttemptState] = mapped_column(_enum(AttemptState, "attempt_state"), index=True)
+    slurm_job_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    job_name: Mapped[str] = mapped_column(String(128))
+    job_folder: Mapped[str] = mapped_column(Text)
+    node_list: Mapped[str | None] = mapped_column(Text)  # Slurm's compressed form
+    nodes: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
+    resume_step: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str | None] = mapped_column(Text)
+    submitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise")
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    state: Mapped[CheckpointState] = mapped_column(_enum(CheckpointState, "checkpoint_state"))
+    num_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    write_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Metric(Base):
+    """One optimizer step as rank 0 reported it."""
+
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RunEvent(Base):
+    """The run's timeline: every state change and what caused it."""
+
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,86 @@
+"""/v1/runs: what ML engineers call."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+
+from service.config import get_settings
+from service.db import SessionDep
+from service.models import RunState
+from service.runs import repository
+from service.runs.schemas import (
+    CheckpointOut,
+    MetricOut,
+    RunEventOut,
+    RunList,
+    RunOut,
+    RunSpec,
+)
+from service.runs.service import cancel_run, create_run, require_run, run_out
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def submit_run(spec: RunSpec, session: SessionDep) -> RunOut:
+    """Validate and plan a run; the reconciler submits it to Slurm."""
+    return run_out(create_run(session, spec, get_settings()))
+
+
+@router.get("")
+def list_runs(
+    session: SessionDep,
+    state: RunState | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunList:
+    """Runs, newest first."""
+    runs, total = repository.list_runs(session, state, limit, offset)
+    return RunList(items=[run_out(r) for r in runs], total=total)
+
+
+@router.get("/{run_id}")
+def show_run(run_id: int, session: SessionDep) -> RunOut:
+    """One run with its attempts."""
+    return run_out(require_run(session, run_id))
+
+
+@router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
+def cancel(run_id: int, session: SessionDep) -> RunOut:
+    """Ask for a run to stop; its Slurm job is cancelled within a reconcile tick."""
+    return run_out(cancel_run(session, run_id))
+
+
+@router.get("/{run_id}/checkpoints")
+def list_checkpoints(run_id: int, session: SessionDep) -> list[CheckpointOut]:
+    """The run's checkpoints, oldest first, with their state."""
+    require_run(session, run_id)
+    return [CheckpointOut.model_validate(c) for c in repository.checkpoints(session, run_id)]
+
+
+@router.get("/{run_id}/events")
+def list_events(
+    run_id: int,
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[RunEventOut]:
+    """The run's timeline: state changes, attempts, checkpoints."""
+    require_run(session, run_id)
+    return [RunEventOut.model_validate(e)
+            for e in repository.events(session, run_id, after_id, limit)]
+
+
+@router.get("/{run_id}/metrics")
+def list_metrics(
+    run_id: int,
+    session: SessionDep,
+    after_step: Annotated[int, Query(ge=-1)] = -1,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> list[MetricOut]:
+    """Per-step loss and throughput as rank 0 reported them, across attempts."""
+    require_run(session, run_id)
+    return [MetricOut.model_validate(m)
+            for m in repository.metrics(session, run_id, after_step, limit)]

@@ -1,0 +1,88 @@
+"""All SQL about runs lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from service.models import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    CheckpointState,
+    Metric,
+    Run,
+    RunEvent,
+    RunState,
+)
+
+LIVE_ATTEMPT_STATES = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
+
+
+def get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run | None:
+    stmt = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
+    if for_update:
+        stmt = stmt.with_for_update(of=Run)
+    return session.scalars(stmt).one_or_none()
+
+
+def list_runs(
+    session: Session, state: RunState | None, limit: int, offset: int
+) -> tuple[Sequence[Run], int]:
+    stmt = select(Run).options(selectinload(Run.attempts)).order_by(Run.id.desc())
+    count = select(func.count()).select_from(Run)
+    if state is not None:
+        stmt, count = stmt.where(Run.state == state), count.where(Run.state == state)
+    return session.scalars(stmt.limit(limit).offset(offset)).all(), session.scalar(count) or 0
+
+
+def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run]:
+    stmt = (select(Run).where(Run.state.in_(states)).options(selectinload(Run.attempts))
+            .order_by(Run.id))
+    return session.scalars(stmt).all()
+
+
+def get_attempt(session: Session, attempt_id: int, *, for_update: bool = False) -> Attempt | None:
+    stmt = select(Attempt).where(Attempt.id == attempt_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).one_or_none()
+
+
+def live_attempt(run: Run) -> Attempt | None:
+    live = [a for a in run.attempts if a.state in LIVE_ATTEMPT_STATES]
+    return live[-1] if live else None
+
+
+def checkpoints(session: Session, run_id: int) -> Sequence[Checkpoint]:
+    stmt = select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)
+    return session.scalars(stmt).all()
+
+
+def get_checkpoint(session: Session, run_id: int, step: int) -> Checkpoint | None:
+    stmt = select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step == step)
+    return session.scalars(stmt).one_or_none()
+
+
+def newest_committed_checkpoint(session: Session, run_id: int) -> Checkpoint | None:
+    stmt = (
+        select(Checkpoint)
+        .where(Checkpoint.run_id == run_id, Checkpoint.state == CheckpointState.COMMITTED)
+        .order_by(Checkpoint.step.desc())
+        .limit(1)
+    )
+    return session.scalars(stmt).one_or_none()
+
+
+def events(session: Session, run_id: int, after_id: int, limit: int) -> Sequence[RunEvent]:
+    stmt = (select(RunEvent).where(RunEvent.run_id == run_id, RunEvent.id > after_id)
+            .order_by(RunEvent.id).limit(limit))
+    return session.scalars(stmt).all()
+
+
+def metrics(session: Session, run_id: int, after_step: int, limit: int) -> Sequence[Metric]:
+    stmt = (select(Metric).where(Metric.run_id == run_id, Metric.step > after_step)
+            .order_by(Metric.step, Metric.id).limit(limit))
+    return session.scalars(stmt).all()

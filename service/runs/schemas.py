@@ -1,0 +1,143 @@
+"""The user-facing run spec (with `auto` and defaults) and what the API returns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.models import AttemptState, CheckpointState, RunState
+from worker.config import ModelShape, Precision, Recompute
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParallelismSpec(_Spec):
+    """Any degree left out is chosen by the planner."""
+
+    dp: int | None = Field(default=None, ge=1, le=10240)
+    tp: int | None = Field(default=None, ge=1, le=8)
+    pp: int | None = Field(default=None, ge=1, le=256)
+    cp: int | None = Field(default=None, ge=1, le=64)
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+    micro_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    recompute: Recompute | None = None
+    precision: Precision | None = None
+
+
+class RunSpec(_Spec):
+    """What a user submits (YAML for the CLI, JSON on the wire)."""
+
+    name: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Letters, digits, '.', '_' and '-'.",
+    )
+    model: str | ModelShape = Field(
+        description="A preset name (tiny, llama3-1b, llama3-3b, llama3-8b, llama3-70b, "
+        "llama3-405b) or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}."
+    )
+    nodes: int = Field(ge=1, le=1280, description="Slurm nodes for each attempt.")
+    gpus_per_node: int = Field(default=8, ge=1, le=8, description="Ranks per node.")
+    seq_len: int = Field(ge=8, le=131072, description="Tokens per sequence.")
+    global_batch: int = Field(ge=1, le=1_048_576, description="Sequences per optimizer step.")
+    steps: int = Field(ge=1, le=100_000_000, description="Optimizer steps for the whole run.")
+    lr: float = Field(default=3e-4, gt=0, le=1.0, description="Peak learning rate.")
+    checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints.")
+    keep_checkpoints: int = Field(default=3, ge=1, le=100, description="Committed ones kept.")
+    data: str = Field(
+        default="builtin", min_length=1, max_length=4096,
+        description="'builtin' (the stdlib byte corpus) or a folder of token shards.",
+    )
+    parallelism: Literal["auto"] | ParallelismSpec = Field(default="auto")
+    max_restarts: int | None = Field(
+        default=None, ge=0, le=100, description="Automatic re-submissions after a failure."
+    )
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+    time_limit_min: int = Field(
+        default=60 * 24, ge=1, le=60 * 24 * 365, description="Slurm time limit per attempt."
+    )
+
+
+class AttemptOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    number: int
+    state: AttemptState
+    slurm_job_id: str | None
+    node_list: str | None
+    nodes: list[str]
+    resume_step: int | None
+    exit_code: int | None
+    end_reason: str | None
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    last_heartbeat_at: datetime | None
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    state: RunState
+    state_reason: str
+    num_nodes: int
+    gpus_per_node: int
+    total_steps: int
+    last_step: int | None
+    last_loss: float | None
+    tokens_per_s: float | None
+    num_restarts: int
+    max_restarts: int
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    layout: dict[str, Any] = Field(description="The resolved parallel layout.")
+    spec: dict[str, Any]
+    attempts: list[AttemptOut] = Field(default_factory=list)
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+    total: int
+
+
+class CheckpointOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    attempt_id: int
+    step: int
+    path: str
+    state: CheckpointState
+    num_bytes: int | None
+    write_s: float | None
+    created_at: datetime
+    committed_at: datetime | None
+
+
+class RunEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    attempt_id: int | None
+    kind: str
+    message: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+class MetricOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    attempt_id: int
+    step: int
+    loss: float
+    tokens_per_s: float | None
+    step_time_s: float | None
+    recorded_at: datetime

@@ -1,0 +1,123 @@
+"""What the API does with runs: accept, resolve, cancel, and describe them."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.errors import Conflict, InvalidSpec, NotFound
+from service.models import Attempt, Run, RunState
+from service.planner.presets import MODEL_PRESETS
+from service.planner.resolve import LayoutError, resolve_layout
+from service.runs import repository
+from service.runs.lifecycle import record_event, set_run_state
+from service.runs.schemas import AttemptOut, RunOut, RunSpec
+from worker.config import ModelShape, ParallelLayout, ResumePoint, WorkerRunConfig
+
+
+def model_shape(spec: RunSpec) -> ModelShape:
+    if isinstance(spec.model, ModelShape):
+        return spec.model
+    try:
+        return MODEL_PRESETS[spec.model]
+    except KeyError:
+        known = ", ".join(MODEL_PRESETS)
+        raise InvalidSpec(f"model: unknown preset '{spec.model}'; use one of {known} "
+                          "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}")
+
+
+def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
+    """The planner's answer for this spec, or a 422 naming the field to change."""
+    shape = model_shape(spec)
+    pinned = None if spec.parallelism == "auto" else spec.parallelism
+    try:
+        layout = resolve_layout(
+            shape=shape, world_size=spec.nodes * spec.gpus_per_node,
+            global_batch=spec.global_batch, pinned=pinned,
+        )
+    except LayoutError as exc:
+        raise InvalidSpec(str(exc)) from exc
+    if spec.checkpoint_every > spec.steps:
+        raise InvalidSpec(f"checkpoint_every: {spec.checkpoint_every} is more than steps "
+                          f"({spec.steps}); the run would only checkpoint at its end")
+    return shape, layout
+
+
+def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
+    shape, layout = resolve(spec)
+    run = Run(
+        name=spec.name,
+        state=RunState.PENDING,
+        state_reason="accepted; waiting for Slurm",
+        spec=spec.model_dump(mode="json"),
+        config={"model": shape.model_dump(mode="json"), "layout": layout.model_dump(mode="json")},
+        num_nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        max_restarts=(spec.max_restarts if spec.max_restarts is not None
+                      else settings.default_max_restarts),
+        num_restarts=0,
+        total_steps=spec.steps,
+        attempts=[],
+    )
+    session.add(run)
+    session.flush()
+    record_event(session, run, "run.submitted", f"run '{run.name}' accepted",
+                 data={"layout": run.config["layout"]})
+    return run
+
+
+def require_run(session: Session, run_id: int, *, for_update: bool = False) -> Run:
+    run = repository.get_run(session, run_id, for_update=for_update)
+    if run is None:
+        raise NotFound(f"no run with id {run_id}; `runyard run list` shows the runs")
+    return run
+
+
+def cancel_run(session: Session, run_id: int) -> Run:
+    """Mark the run CANCELLING; the reconciler stops its Slurm job outside this transaction."""
+    run = require_run(session, run_id, for_update=True)
+    if run.state.is_terminal:
+        raise Conflict(f"run {run_id} already ended ({run.state}); nothing to cancel")
+    if run.state == RunState.PENDING and repository.live_attempt(run) is None:
+        set_run_state(session, run, RunState.CANCELLED, "cancelled before it was submitted")
+    else:
+        set_run_state(session, run, RunState.CANCELLING, "cancel requested")
+    return run
+
+
+def run_out(run: Run) -> RunOut:
+    return RunOut(
+        id=run.id, name=run.name, state=run.state, state_reason=run.state_reason,
+        num_nodes=run.num_nodes, gpus_per_node=run.gpus_per_node, total_steps=run.total_steps,
+        last_step=run.last_step, last_loss=run.last_loss, tokens_per_s=run.tokens_per_s,
+        num_restarts=run.num_restarts, max_restarts=run.max_restarts,
+        created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
+        layout=run.config["layout"], spec=run.spec,
+        attempts=[AttemptOut.model_validate(a) for a in run.attempts],
+    )
+
+
+def worker_config(session: Session, run: Run, attempt: Attempt, settings: Settings
+                  ) -> WorkerRunConfig:
+    """The resolved config one attempt's ranks train with, resuming where the run stopped."""
+    spec = RunSpec.model_validate(run.spec)
+    newest = repository.newest_committed_checkpoint(session, run.id)
+    return WorkerRunConfig(
+        run_id=run.id,
+        attempt_id=attempt.id,
+        attempt_number=attempt.number,
+        name=run.name,
+        model=ModelShape.model_validate(run.config["model"]),
+        layout=ParallelLayout.model_validate(run.config["layout"]),
+        seq_len=spec.seq_len,
+        global_batch=spec.global_batch,
+        steps=spec.steps,
+        lr=spec.lr,
+        seed=spec.seed,
+        checkpoint_every=spec.checkpoint_every,
+        keep_checkpoints=spec.keep_checkpoints,
+        checkpoint_dir=str(settings.checkpoints_dir / f"run-{run.id:06d}"),
+        data=spec.data,
+        data_cache_dir=str(settings.data_cache_dir),
+        resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
+    )

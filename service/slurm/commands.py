@@ -1,0 +1,170 @@
+"""squeue / scontrol / scancel adapters: one batched call each, parsed into plain data.
+
+The dev cluster has no accounting database, so nothing here uses sacct: live jobs come from
+squeue, finished ones from `scontrol show job` (slurmctld keeps them for MinJobAge).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+
+from service.config import get_settings
+
+TIMEOUT_S = 20
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message carries its stderr."""
+
+
+def slurm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    conf = get_settings().slurm_conf
+    if conf is not None:
+        env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def run_slurm(argv: list[str], *, check: bool = True) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, env=slurm_env(),
+                             timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"{shlex.join(argv)}: {exc}") from exc
+    if check and out.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+    return out.stdout
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: str
+    state: str  # Slurm's JobState: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...
+    node_list: str
+    reason: str
+    exit_code: int | None = None  # of the batch script, once it ended
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_JOB_STATES
+
+
+LIVE_JOB_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                   "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD",
+                   "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """`scontrol show ... -o` prints one record per line as Key=Value pairs."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def parse_exit_code(text: str) -> int | None:
+    """ExitCode=1:0 -> 1 (the second number is the signal)."""
+    code, _, signal = text.partition(":")
+    if not code.isdigit():
+        return None
+    return 128 + int(signal) if code == "0" and signal.isdigit() and int(signal) else int(code)
+
+
+def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
+    """Live jobs among `job_ids`, in one call."""
+    if not job_ids:
+        return {}
+    out = run_slurm(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"], check=False)
+    jobs = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4:
+            jobs[parts[0]] = JobStatus(parts[0], parts[1], parts[2], parts[3])
+    return jobs
+
+
+def jobs_by_name(prefix: str) -> dict[str, str]:
+    """Live jobs whose name starts with `prefix`: name -> job id (adopts orphans)."""
+    out = run_slurm(["squeue", "-h", "-o", "%j|%i"], check=False)
+    found = {}
+    for line in out.splitlines():
+        name, _, job_id = line.strip().partition("|")
+        if name.startswith(prefix):
+            found[name] = job_id
+    return found
+
+
+def show_job(job_id: str) -> JobStatus | None:
+    """A job slurmctld still remembers (live or ended), or None if it forgot it."""
+    out = run_slurm(["scontrol", "show", "job", "-o", job_id], check=False)
+    line = out.strip()
+    if not line:
+        return None
+    f = parse_key_values(line)
+    node_list = f.get("NodeList", "")
+    return JobStatus(
+        job_id=job_id,
+        state=f.get("JobState", "UNKNOWN"),
+        node_list="" if node_list == "(null)" else node_list,
+        reason=f.get("Reason", ""),
+        exit_code=parse_exit_code(f.get("ExitCode", "")),
+    )
+
+
+def expand_hostlist(node_list: str) -> list[str]:
+    if not node_list:
+        return []
+    return run_slurm(["scontrol", "show", "hostnames", node_list]).split()
+
+
+def scancel(job_id: str) -> None:
+    run_slurm(["scancel", job_id], check=False)
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str
+    reason: str
+    addr: str
+    num_gpus: int
+
+
+def parse_gpus(gres: str) -> int:
+    """Gres=gpu:8 or gpu:h100:8(S:0-1) -> 8."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def show_nodes() -> list[SlurmNode]:
+    out = run_slurm(["scontrol", "show", "node", "-o"])
+    nodes = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        f = parse_key_values(line)
+        reason = line.split("Reason=", 1)[1].strip() if "Reason=" in line else ""
+        nodes.append(SlurmNode(name=f["NodeName"], state=f.get("State", ""), reason=reason,
+                               addr=f.get("NodeAddr", ""), num_gpus=parse_gpus(f.get("Gres", ""))))
+    return nodes
+
+
+def node_switches() -> dict[str, str]:
+    """Node name -> its leaf switch, from `scontrol show topology`."""
+    out = run_slurm(["scontrol", "show", "topology"], check=False)
+    leaf_of: dict[str, str] = {}
+    for line in out.splitlines():
+        f = parse_key_values(line)
+        if f.get("Level") == "0" and "Nodes" in f:
+            for node in expand_hostlist(f["Nodes"]):
+                leaf_of[node] = f["SwitchName"]
+    return leaf_of

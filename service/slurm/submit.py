@@ -1,0 +1,72 @@
+"""Submit one attempt of a run through submitit: the sbatch parameters come from one place."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.helpers import CommandFunction
+
+from service.config import Settings
+from service.slurm.commands import SlurmError
+
+
+@dataclass(frozen=True)
+class AttemptRequest:
+    """What Slurm must give one attempt."""
+
+    run_id: int
+    attempt_id: int
+    job_name: str
+    job_folder: Path
+    num_nodes: int
+    ranks_per_node: int
+    time_limit_min: int
+    nodelist: str | None = None
+
+
+def job_name(run_id: int, attempt_id: int) -> str:
+    """Stable and unique, so a service that crashed mid-submit can find the job again."""
+    return f"runyard-r{run_id}-a{attempt_id}"
+
+
+def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]:
+    """The one source of truth for how an attempt is asked of Slurm."""
+    params: dict[str, Any] = {
+        "job_name": req.job_name,
+        "partition": settings.partition,
+        "nodes": req.num_nodes,
+        "ntasks_per_node": req.ranks_per_node,  # one task per GPU
+        "gpus_per_node": req.ranks_per_node,
+        "cpus_per_task": 1,
+        "time": req.time_limit_min,
+        "stderr_to_stdout": True,
+        # Ahead of the time limit Slurm sends USR2 so the worker can checkpoint and exit.
+        "signal_delay_s": 120,
+    }
+    if req.nodelist:
+        params["nodelist"] = req.nodelist
+    return params
+
+
+def worker_command(settings: Settings, attempt_id: int) -> list[str]:
+    python = settings.worker_python or sys.executable
+    return [python, "-u", "-m", "worker.entry", "--service-url", settings.api_url,
+            "--attempt-id", str(attempt_id)]
+
+
+def submit_attempt(req: AttemptRequest, settings: Settings) -> str:
+    """sbatch the attempt; returns the Slurm job id. Never call inside a DB transaction."""
+    req.job_folder.mkdir(parents=True, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
+    executor.update_parameters(**sbatch_parameters(req, settings))
+    # No env= here: each task must keep the SLURM_* variables srun gives it.
+    command = CommandFunction(worker_command(settings, req.attempt_id), verbose=True)
+    try:
+        job = executor.submit(command)
+    except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SlurmError(f"sbatch of {req.job_name} failed: {exc}") from exc
+    return str(job.job_id)

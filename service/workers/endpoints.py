@@ -1,0 +1,44 @@
+"""/v1/worker: what training ranks call. Not for people."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.config import get_settings
+from service.db import SessionDep
+from service.runs.schemas import CheckpointOut
+from service.runs.service import worker_config
+from service.workers import service
+from service.workers.schemas import CheckpointReport, FinishReport, ProgressAck, ProgressReport
+from worker.config import WorkerRunConfig
+
+router = APIRouter(prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"])
+
+
+@router.get("/config")
+def get_config(attempt_id: int, session: SessionDep) -> WorkerRunConfig:
+    """The resolved config this attempt's ranks train with (includes where to resume)."""
+    attempt, run = service.live_attempt_and_run(session, attempt_id)
+    return worker_config(session, run, attempt, get_settings())
+
+
+@router.post("/progress")
+def report_progress(attempt_id: int, report: ProgressReport, session: SessionDep) -> ProgressAck:
+    """Heartbeat plus the losses of the steps since the last report."""
+    run, attempt = service.record_progress(session, attempt_id, report)
+    return ProgressAck(run_state=run.state, attempt_state=attempt.state)
+
+
+@router.post("/checkpoints")
+def report_checkpoint(
+    attempt_id: int, report: CheckpointReport, session: SessionDep
+) -> CheckpointOut:
+    """Register a checkpoint as WRITING, then as COMMITTED once every rank finished it."""
+    return CheckpointOut.model_validate(service.record_checkpoint(session, attempt_id, report))
+
+
+@router.post("/finish")
+def report_finish(attempt_id: int, report: FinishReport, session: SessionDep) -> dict[str, int]:
+    """The last step and its checkpoint are done: the run may succeed when the job ends."""
+    run = service.record_finish(session, attempt_id, report)
+    return {"run_id": run.id, "final_step": report.final_step}

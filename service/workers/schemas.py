@@ -1,0 +1,44 @@
+"""What worker ranks send and receive."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.models import AttemptState, RunState
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepMetric(_In):
+    step: int = Field(ge=0)
+    loss: float
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    step_time_s: float | None = Field(default=None, ge=0)
+
+
+class ProgressReport(_In):
+    rank: int = Field(ge=0)
+    node: str = Field(default="", max_length=64)
+    metrics: list[StepMetric] = Field(default_factory=list, max_length=10_000)
+
+
+class ProgressAck(BaseModel):
+    run_state: RunState
+    attempt_state: AttemptState
+
+
+class CheckpointReport(_In):
+    step: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=4096)
+    state: Literal["WRITING", "COMMITTED"]
+    num_bytes: int | None = Field(default=None, ge=0)
+    write_s: float | None = Field(default=None, ge=0)
+
+
+class FinishReport(_In):
+    final_step: int = Field(ge=0)
+    final_checkpoint_step: int | None = Field(default=None, ge=0)

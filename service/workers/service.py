@@ -1,0 +1,90 @@
+"""What the service does with worker reports: metrics, heartbeats, checkpoint commits."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from service.errors import Conflict, NotFound
+from service.models import Attempt, AttemptState, Checkpoint, CheckpointState, Metric, Run, RunState
+from service.models.base import utcnow
+from service.runs import repository
+from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.schemas import RunSpec
+from service.workers.schemas import CheckpointReport, FinishReport, ProgressReport
+
+
+def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:
+    """The attempt a worker speaks for, refusing ones that already ended (a zombie rank)."""
+    attempt = repository.get_attempt(session, attempt_id, for_update=True)
+    if attempt is None:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    run = repository.get_run(session, attempt.run_id, for_update=True)
+    assert run is not None  # foreign key
+    if attempt.state.is_terminal:
+        raise Conflict(f"attempt {attempt_id} already ended ({attempt.state}); stop training")
+    return attempt, run
+
+
+def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
+    """A rank that reports is proof the allocation runs, even before squeue says so."""
+    if attempt.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
+        set_attempt_state(session, run, attempt, AttemptState.RUNNING)
+    if run.state == RunState.PENDING:
+        set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running",
+                      attempt)
+
+
+def record_progress(session: Session, attempt_id: int, report: ProgressReport) -> tuple[Run, Attempt]:
+    attempt, run = live_attempt_and_run(session, attempt_id)
+    mark_running(session, run, attempt)
+    attempt.last_heartbeat_at = utcnow()
+    for m in report.metrics:
+        session.add(Metric(run_id=run.id, attempt_id=attempt.id, step=m.step, loss=m.loss,
+                           tokens_per_s=m.tokens_per_s, step_time_s=m.step_time_s))
+    if report.metrics:
+        last = max(report.metrics, key=lambda m: m.step)
+        run.last_step, run.last_loss = last.step, last.loss
+        run.tokens_per_s = last.tokens_per_s
+    return run, attempt
+
+
+def record_checkpoint(session: Session, attempt_id: int, report: CheckpointReport) -> Checkpoint:
+    attempt, run = live_attempt_and_run(session, attempt_id)
+    checkpoint = repository.get_checkpoint(session, run.id, report.step)
+    if checkpoint is None:
+        checkpoint = Checkpoint(run_id=run.id, attempt_id=attempt.id, step=report.step,
+                                path=report.path, state=CheckpointState.WRITING)
+        session.add(checkpoint)
+    elif checkpoint.state == CheckpointState.COMMITTED and report.state == "WRITING":
+        raise Conflict(f"checkpoint at step {report.step} is already COMMITTED")
+    checkpoint.attempt_id, checkpoint.path = attempt.id, report.path
+    checkpoint.num_bytes = report.num_bytes if report.num_bytes is not None else checkpoint.num_bytes
+    checkpoint.write_s = report.write_s if report.write_s is not None else checkpoint.write_s
+    if report.state == "COMMITTED" and checkpoint.state != CheckpointState.COMMITTED:
+        checkpoint.state, checkpoint.committed_at = CheckpointState.COMMITTED, utcnow()
+        session.flush()
+        record_event(session, run, "checkpoint.committed",
+                     f"checkpoint at step {report.step} committed", attempt,
+                     {"step": report.step, "path": report.path, "num_bytes": report.num_bytes,
+                      "write_s": report.write_s})
+        _mark_pruned(session, run)
+    session.flush()
+    return checkpoint
+
+
+def _mark_pruned(session: Session, run: Run) -> None:
+    """Mirror the worker's retention: only the newest K committed checkpoints stay."""
+    keep = RunSpec.model_validate(run.spec).keep_checkpoints
+    committed = [c for c in repository.checkpoints(session, run.id)
+                 if c.state == CheckpointState.COMMITTED]
+    for old in committed[:-keep]:
+        old.state = CheckpointState.DELETED
+
+
+def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Run:
+    attempt, run = live_attempt_and_run(session, attempt_id)
+    run.final_step = report.final_step
+    record_event(session, run, "run.final_step",
+                 f"worker finished step {report.final_step} of {run.total_steps}", attempt,
+                 report.model_dump())
+    return run

@@ -1,0 +1,1 @@
+"""The node health agent: one per compute node."""

@@ -1,0 +1,144 @@
+"""The resolved run config: the contract between the service and every worker rank.
+
+The user-facing run spec (with `auto` and defaults) belongs to the service's API
+(`service/runs/schemas.py`); what the planner resolves it into lives here, because the
+worker must be able to read it without importing the service, and the service must be
+able to build it without importing torch.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Precision(StrEnum):
+    """Numeric format of the training math."""
+
+    FP32 = "fp32"  # CPU tests and the dev cluster
+    BF16 = "bf16"  # mixed precision on GPUs
+    FP8 = "fp8"  # H100/H200 linear layers, BF16 elsewhere
+
+
+class Recompute(StrEnum):
+    """Activation recomputation, trading FLOPs for memory."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelShape(_Frozen):
+    """A dense Llama-style decoder."""
+
+    layers: int = Field(ge=1, le=1024, description="Transformer blocks.")
+    hidden: int = Field(ge=8, le=65536, description="Model width (d_model).")
+    heads: int = Field(ge=1, le=1024, description="Query heads.")
+    kv_heads: int = Field(ge=1, le=1024, description="Key/value heads (GQA groups).")
+    ffn: int = Field(ge=8, le=262144, description="SwiGLU inner width.")
+    vocab: int = Field(ge=2, le=1_048_576, description="Vocabulary size.")
+    rope_theta: float = Field(default=500_000.0, gt=0, description="RoPE base frequency.")
+    norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelShape:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (untied input and output embeddings)."""
+        kv_dim = self.kv_heads * self.head_dim
+        attention = self.hidden * (self.hidden + 2 * kv_dim) + self.hidden * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        norms = 2 * self.hidden
+        return self.layers * (attention + mlp + norms) + 2 * self.vocab * self.hidden + self.hidden
+
+
+class ParallelLayout(_Frozen):
+    """How the world is cut: dp x cp x pp x tp ranks, plus sharding and batching."""
+
+    dp: int = Field(default=1, ge=1, description="Data-parallel replicas (or shards).")
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree, inside one node.")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages.")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree over the sequence.")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="0 DDP, 1/2 ZeRO, 3 FSDP.")
+    micro_batch_size: int = Field(default=1, ge=1, description="Sequences per rank per micro step.")
+    recompute: Recompute = Field(default=Recompute.NONE, description="Activation recompute.")
+    precision: Precision = Field(default=Precision.FP32, description="Numeric format.")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+class ResumePoint(_Frozen):
+    """The newest COMMITTED checkpoint a new attempt starts from."""
+
+    step: int = Field(ge=0, description="Optimizer steps completed when it was saved.")
+    path: str = Field(description="Checkpoint folder (holds the DCP files and the marker).")
+
+
+class WorkerRunConfig(_Frozen):
+    """Everything one rank needs to train its part of one attempt of a run."""
+
+    run_id: int = Field(description="Service id of the run.")
+    attempt_id: int = Field(description="Service id of this attempt (one Slurm allocation).")
+    attempt_number: int = Field(ge=1, description="1 for the first attempt, then 2, 3, ...")
+    name: str = Field(description="Run name, for logs.")
+    model: ModelShape
+    layout: ParallelLayout
+    seq_len: int = Field(ge=8, description="Tokens per sequence.")
+    global_batch: int = Field(ge=1, description="Sequences per optimizer step, all ranks.")
+    steps: int = Field(ge=1, description="Optimizer steps for the whole run.")
+    lr: float = Field(gt=0, description="Peak learning rate (AdamW).")
+    warmup_steps: int = Field(default=10, ge=0, description="Linear warm-up, then cosine.")
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    seed: int = Field(default=1234, description="Seed for weights and data order.")
+    checkpoint_every: int = Field(ge=1, description="Save a checkpoint every N steps.")
+    checkpoint_dir: str = Field(description="This run's checkpoint folder (shared filesystem).")
+    keep_checkpoints: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
+    data: str = Field(default="builtin", description="'builtin' or a folder of token shards.")
+    data_cache_dir: str = Field(description="Where the builtin corpus is packed into shards.")
+    resume_from: ResumePoint | None = Field(default=None, description="None: start fresh.")
+    report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> WorkerRunConfig:
+        per_step = self.layout.dp * self.layout.micro_batch_size
+        if self.global_batch % per_step:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be divisible by "
+                f"dp x micro_batch_size ({per_step})"
+            )
+        return self
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch // (self.layout.dp * self.layout.micro_batch_size)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.checkpoint_dir)
+
+
+class ExitCode:
+    """Worker exit codes the service acts on (exit codes alone lie: see docs)."""
+
+    OK = 0
+    RETRYABLE = 1  # anything unexpected: hardware, network, a killed peer
+    DO_NOT_RETRY = 3  # bad spec or a code bug: recovery must not burn spares on it

@@ -1,0 +1,60 @@
+"""What the service submits through submitit: one call per Slurm task.
+
+The service pickles `run_attempt` by reference, so importing this module must stay cheap and
+must not import torch (the service never installs it); everything heavy is imported inside.
+By hand, under srun:
+    srun -N2 --ntasks-per-node=2 python -m worker.entry --service-url http://svc:8000 --attempt-id 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from worker.config import ExitCode
+
+
+def run_attempt(service_url: str, attempt_id: int) -> None:
+    """Fetch this attempt's config, join the job's process group, train, report.
+
+    Exits with ExitCode.DO_NOT_RETRY when the spec cannot work (unsupported layout, invalid
+    config, a resume point that was never committed); any other failure propagates as an
+    exception (non-zero exit: RETRYABLE for the service).
+    """
+    from worker.errors import DoNotRetryError
+    from worker.reporter import HttpReporter, Reporter, fetch_config
+
+    try:
+        config = fetch_config(service_url, attempt_id)
+        if config.attempt_id != attempt_id:
+            raise DoNotRetryError(
+                f"service sent attempt {config.attempt_id}'s config for attempt {attempt_id}"
+            )
+        from worker.distributed import read_launch_env  # torch from here on
+        from worker.train import train
+
+        launch = read_launch_env()
+        reporter: Reporter = Reporter()
+        if launch.rank == 0:  # only rank 0 talks to the service after the config fetch
+            reporter = HttpReporter(
+                service_url, attempt_id, node=launch.node, interval_s=config.report_interval_s
+            )
+        try:
+            train(config, launch, reporter)
+        finally:
+            reporter.close()
+    except DoNotRetryError as exc:
+        print(f"runyard worker: {exc}", file=sys.stderr, flush=True)
+        sys.exit(ExitCode.DO_NOT_RETRY)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m worker.entry", description="Run one attempt.")
+    parser.add_argument("--service-url", required=True)
+    parser.add_argument("--attempt-id", type=int, required=True)
+    args = parser.parse_args(argv)
+    run_attempt(args.service_url, args.attempt_id)
+
+
+if __name__ == "__main__":
+    main()

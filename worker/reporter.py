@@ -1,0 +1,246 @@
+"""Reports from rank 0 to the service, without ever stalling or killing training.
+
+Metrics go into an in-memory buffer that a background thread flushes in order every
+`report_interval_s`; while the service is down the buffer grows (up to MAX_BUFFERED, then
+the oldest go) and the thread backs off. Checkpoint registrations and the final `finish`
+matter more, so they are sent synchronously with bounded retries, then logged and given up.
+No torch here: entry.py imports this before it needs torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pydantic
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from worker.config import WorkerRunConfig
+from worker.errors import DoNotRetryError
+
+MAX_BUFFERED = 100_000  # ~10 MB of metric rows: days of steps at one row per step
+MAX_BATCH = 1_000  # rows per progress POST
+MAX_BACKOFF_S = 30.0
+REQUEST_TIMEOUT_S = 10.0
+CHECKPOINT_RETRY_S = 60.0  # then log and go on: losing a registration beats losing training
+
+
+def _auth_headers() -> dict[str, str]:
+    token = os.environ.get("RUNYARD_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    """Network trouble, 5xx and 429 are worth another try; other 4xx are the service's answer."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, httpx.TransportError)
+
+
+def _warn(message: str) -> None:
+    print(f"[reporter] {message}", file=sys.stderr, flush=True)
+
+
+def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> WorkerRunConfig:
+    """GET this attempt's resolved config, retrying for up to `timeout_s` while the service
+    is unreachable. A 4xx answer or an invalid body is final: DoNotRetryError."""
+    url = f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}/config"
+    retrying = Retrying(
+        retry=retry_if_exception(_is_retryable),
+        stop=stop_after_delay(timeout_s),
+        wait=wait_exponential(multiplier=0.5, max=10.0),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                response = httpx.get(url, headers=_auth_headers(), timeout=REQUEST_TIMEOUT_S)
+                response.raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        if _is_retryable(exc):
+            raise
+        raise DoNotRetryError(
+            f"GET {url}: {exc.response.status_code} {exc.response.text[:200]}"
+        ) from exc
+    try:
+        return WorkerRunConfig.model_validate(response.json())
+    except (pydantic.ValidationError, json.JSONDecodeError) as exc:
+        raise DoNotRetryError(f"invalid config from {url}: {exc}") from exc
+
+
+class Reporter:
+    """The no-op reporter: standalone runs and ranks other than 0. Subclasses send."""
+
+    cancel_requested: bool = False  # the service asked this run to stop
+
+    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+        """Record one optimizer step (never blocks)."""
+
+    def checkpoint(
+        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+    ) -> None:
+        """Register a checkpoint as WRITING or COMMITTED (blocks, bounded)."""
+
+    def finish(self, final_step: int, final_checkpoint_step: int) -> None:
+        """Tell the service the run trained all its steps (blocks, bounded)."""
+
+    def close(self) -> None:
+        """Deliver what is buffered (bounded) and stop."""
+
+
+class FileReporter(Reporter):
+    """Appends every report as a JSON line: the standalone mode's record, and tests' oracle."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _append(self, kind: str, **fields: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+        self._append(
+            "metric", step=step, loss=loss, tokens_per_s=tokens_per_s, step_time_s=step_time_s
+        )
+
+    def checkpoint(
+        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+    ) -> None:
+        self._append(
+            "checkpoint", step=step, path=path, state=state, num_bytes=num_bytes, write_s=write_s
+        )
+
+    def finish(self, final_step: int, final_checkpoint_step: int) -> None:
+        self._append("finish", final_step=final_step, final_checkpoint_step=final_checkpoint_step)
+
+
+class HttpReporter(Reporter):
+    """Rank 0's reporter to the service's /v1/worker/attempts/{id}/... endpoints."""
+
+    def __init__(
+        self, service_url: str, attempt_id: int, *, node: str, interval_s: float, rank: int = 0
+    ) -> None:
+        self.node, self.rank, self.interval_s = node, rank, interval_s
+        self._client = httpx.Client(
+            base_url=f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}",
+            headers=_auth_headers(),
+            timeout=REQUEST_TIMEOUT_S,
+        )
+        self._buffer: deque[tuple[int, dict[str, Any]]] = deque()  # (sequence number, row)
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()  # guards the buffer
+        self._send_lock = threading.Lock()  # one progress POST in flight at a time, in order
+        self._stop = threading.Event()
+        self._failures = 0
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="runyard-reporter", daemon=True)
+        self._thread.start()
+
+    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+        row = {"step": step, "loss": loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s}
+        with self._lock:
+            if len(self._buffer) >= MAX_BUFFERED:
+                self._buffer.popleft()
+                self.dropped += 1
+                if self.dropped == 1:
+                    _warn(
+                        f"service unreachable for {MAX_BUFFERED} steps: dropping the oldest metrics"
+                    )
+            self._buffer.append((next(self._numbers), row))
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    def _run(self) -> None:
+        while True:
+            wait_s = min(self.interval_s * 2**self._failures, MAX_BACKOFF_S)
+            if self._stop.wait(wait_s):
+                return
+            self.flush_once()
+
+    def flush_once(self) -> bool:
+        """POST the oldest buffered rows; True when the buffer is (now) empty."""
+        with self._send_lock:
+            with self._lock:
+                batch = list(itertools.islice(self._buffer, MAX_BATCH))
+            if not batch:
+                return True
+            body = {"rank": self.rank, "node": self.node, "metrics": [row for _, row in batch]}
+            try:
+                response = self._client.post("/progress", json=body)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                if self._failures == 0:
+                    _warn(f"progress report failed, will retry: {exc!r}")
+                self._failures = min(self._failures + 1, 10)
+                return False
+            if self._failures:
+                _warn("progress reports delivered again")
+            self._failures = 0
+            last_sent = batch[-1][0]
+            with self._lock:  # drop what was delivered; rows dropped meanwhile are already gone
+                while self._buffer and self._buffer[0][0] <= last_sent:
+                    self._buffer.popleft()
+                empty = not self._buffer
+        if response.headers.get("content-type", "").startswith("application/json"):
+            self.cancel_requested = response.json().get("run_state") == "CANCELLING"
+        return empty
+
+    def _post_with_retry(self, path: str, body: dict[str, Any]) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception(_is_retryable),
+            stop=stop_after_delay(CHECKPOINT_RETRY_S),
+            wait=wait_exponential(multiplier=0.5, max=10.0),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._client.post(path, json=body).raise_for_status()
+        except httpx.HTTPError as exc:
+            _warn(f"POST {path} {body} not delivered, giving up: {exc!r}")
+
+    def checkpoint(
+        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+    ) -> None:
+        body = {
+            "step": step,
+            "path": path,
+            "state": state,
+            "num_bytes": num_bytes,
+            "write_s": write_s,
+        }
+        self._post_with_retry("/checkpoints", body)
+
+    def _drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.flush_once() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def finish(self, final_step: int, final_checkpoint_step: int) -> None:
+        self._drain(timeout_s=CHECKPOINT_RETRY_S)  # the service sees every step before "finished"
+        body = {"final_step": final_step, "final_checkpoint_step": final_checkpoint_step}
+        self._post_with_retry("/finish", body)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain(timeout_s=10.0)
+        if self.pending():
+            _warn(f"{self.pending()} metric rows never delivered")
+        self._client.close()

@@ -1,0 +1,262 @@
+"""The training loop: one flat function, every synchronisation point commented.
+
+Standalone use (no service; reports go to stdout and, with --metrics-file, a JSON-lines file):
+    torchrun --nproc-per-node 2 -m worker.train --spec run.yaml --checkpoint-dir ckpt --resume
+Under the service, entry.run_attempt fetches the config and calls train() with an HTTP reporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+
+from worker import checkpoint
+from worker.config import ExitCode, Precision, WorkerRunConfig
+from worker.data import TokenBatches, open_corpus
+from worker.distributed import (
+    LaunchEnv,
+    init_distributed,
+    pick_device,
+    read_launch_env,
+    shutdown_distributed,
+)
+from worker.errors import CheckpointNotCommittedError, DoNotRetryError
+from worker.faults import maybe_crash
+from worker.model import build_model
+from worker.parallel import ParallelDims, check_supported, parallelize_llama
+from worker.reporter import FileReporter, Reporter
+
+MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    final_step: int
+    final_checkpoint_step: int
+    cancelled: bool
+
+
+def lr_at(step: int, config: WorkerRunConfig) -> float:
+    """Linear warm-up over `warmup_steps`, then cosine down to MIN_LR_RATIO x peak. Steps
+    count from 1; a pure function of the step, so a resume needs no scheduler state."""
+    if step <= config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return config.lr * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * cosine)
+
+
+def _check_resume_point(path: Path, device: torch.device) -> None:
+    """All ranks agree whether `path` can be loaded, so none is left waiting in a collective."""
+    status = 0 if checkpoint.is_committed(path) else (1 if path.parent.is_dir() else 2)
+    verdict = torch.tensor([status])
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)  # sync: the worst rank's view wins
+    if verdict.item() == 2:  # a node without the shared filesystem: another node may do
+        raise FileNotFoundError(f"checkpoint folder {path.parent} is not visible on every node")
+    if verdict.item() == 1:  # the service pointed at a save that never completed
+        raise CheckpointNotCommittedError(
+            f"resume_from {path} has no COMMITTED marker: resume from a committed checkpoint"
+        )
+
+
+def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> TrainResult:
+    """Train `config` from its resume point to config.steps, checkpointing on the way."""
+    check_supported(config.layout)  # before any collective: every rank refuses alike
+    device = pick_device(launch.local_rank)
+    init_distributed(launch, device)
+    try:
+        return _train(config, launch, reporter, device)
+    finally:
+        shutdown_distributed()
+
+
+def _train(
+    config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter, device: torch.device
+) -> TrainResult:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
+    dims = ParallelDims.from_layout(config.layout, world_size)
+    mesh = dims.build_mesh(device.type)
+    dp_rank, dp_degree = mesh.get_local_rank("dp"), dims.dp
+    torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
+
+    # Data: rank 0 packs the builtin corpus (once per cache dir), the others wait for it.
+    if is_rank0:
+        open_corpus(config.data, Path(config.data_cache_dir))
+    dist.barrier()  # sync: the shards exist before any other rank maps them
+    stream = open_corpus(config.data, Path(config.data_cache_dir))
+    if stream.vocab > config.model.vocab:
+        raise DoNotRetryError(f"data vocab {stream.vocab} exceeds model.vocab {config.model.vocab}")
+    batches = TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
+
+    # Model and optimizer: identical weights on every rank because init is seeded.
+    model = parallelize_llama(
+        build_model(config.model, config.seed, device, config.seq_len), mesh, config.layout
+    )
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # no weight decay on norm gains
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    trainer = checkpoint.TrainerState()
+    state = checkpoint.training_state(model, optimizer, trainer, rank)
+    checkpoint_dir = config.checkpoint_path
+    if config.resume_from is not None:
+        path = Path(config.resume_from.path)
+        _check_resume_point(path, device)
+        checkpoint.load(path, state)  # collective: each rank reads the parts it needs
+        if is_rank0:
+            print(f"resumed from {path} at step {trainer.step}", flush=True)
+            if trainer.step != config.resume_from.step:
+                print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
+
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if config.layout.precision is Precision.BF16
+        else nullcontext()
+    )
+    accum, mbs = config.grad_accum, config.layout.micro_batch_size
+    tokens_per_step = config.global_batch * config.seq_len
+    last_checkpoint_step, cancelled = trainer.step, False
+
+    for step in range(trainer.step + 1, config.steps + 1):
+        step_start = time.perf_counter()
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            inputs, targets = batches.micro_batch(step, micro, dp_rank, dp_degree, mbs)
+            inputs, targets = (
+                inputs.to(device, non_blocking=True),
+                targets.to(device, non_blocking=True),
+            )
+            # sync: DDP all-reduces gradients during backward; no_sync() defers that to
+            # the last micro step, so accumulation costs one all-reduce per step.
+            with nullcontext() if micro == accum - 1 else model.no_sync():
+                with autocast:
+                    logits = model(inputs)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        # sync: one all-reduce carries the loss (averaged over ranks, so rank 0 reports the
+        # global loss) and rank 0's "the service asked us to stop", so all ranks stop alike.
+        stop_flag = 1.0 if is_rank0 and reporter.cancel_requested else 0.0
+        stats = torch.stack([loss_sum / accum, torch.tensor(stop_flag, device=device)])
+        dist.all_reduce(stats)
+        loss_total, stop_total = stats.tolist()  # host sync: waits for the step to finish
+        loss_value, stop = loss_total / world_size, stop_total > 0
+        step_time_s = time.perf_counter() - step_start
+        trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
+        trainer.consumed_tokens += tokens_per_step
+        if is_rank0:
+            tokens_per_s = tokens_per_step / step_time_s
+            print(
+                f"step {step}/{config.steps} loss {loss_value:.4f} lr {lr:.2e} "
+                f"grad_norm {grad_norm.item():.3f} tok/s {tokens_per_s:.0f} "
+                f"step_time {step_time_s:.3f}s",
+                flush=True,
+            )
+            reporter.metric(step, loss_value, tokens_per_s, step_time_s)
+
+        if step % config.checkpoint_every == 0 or step == config.steps or stop:
+            target = str(checkpoint.step_folder(checkpoint_dir, step).resolve())
+            if is_rank0:
+                reporter.checkpoint(step, target, "WRITING")
+            saved = checkpoint.save(checkpoint_dir, step, state)  # collective, with barriers
+            last_checkpoint_step = step
+            if is_rank0:
+                reporter.checkpoint(step, target, "COMMITTED", saved.num_bytes, saved.write_s)
+                print(
+                    f"checkpoint step {step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s",
+                    flush=True,
+                )
+                checkpoint.prune(checkpoint_dir, config.keep_checkpoints)
+        maybe_crash("after_step", step, rank)
+        if stop:
+            cancelled = True
+            if is_rank0:
+                print(f"stopping at step {step}: the service is cancelling the run", flush=True)
+            break
+
+    if is_rank0 and not cancelled:
+        reporter.finish(trainer.step, last_checkpoint_step)
+    return TrainResult(trainer.step, last_checkpoint_step, cancelled)
+
+
+def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:
+    """A WorkerRunConfig from YAML or JSON, with defaults for the ids a standalone run lacks."""
+    raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    raw.setdefault("run_id", 0)
+    raw.setdefault("attempt_id", 0)
+    raw.setdefault("attempt_number", 1)
+    raw.setdefault("name", path.stem)
+    raw.setdefault("data_cache_dir", ".runyard/data")
+    if checkpoint_dir is not None:
+        raw["checkpoint_dir"] = checkpoint_dir
+    try:
+        return WorkerRunConfig.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
+        )
+        raise DoNotRetryError(f"invalid spec {path}: {problems}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.train", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--spec", type=Path, required=True, help="WorkerRunConfig as YAML or JSON")
+    parser.add_argument("--checkpoint-dir", help="overrides the spec's checkpoint_dir")
+    parser.add_argument(
+        "--resume", action="store_true", help="resume from the newest committed checkpoint"
+    )
+    parser.add_argument(
+        "--metrics-file", type=Path, help="also append reports as JSON lines (rank 0)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        config = load_spec(args.spec, args.checkpoint_dir)
+        launch = read_launch_env()
+        if args.resume:
+            resume = checkpoint.latest_committed(config.checkpoint_path)
+            config = config.model_copy(update={"resume_from": resume})
+            if launch.rank == 0:
+                found = resume.path if resume else "no committed checkpoint, starting fresh"
+                print(f"--resume: {found}", flush=True)
+        reporter = (
+            FileReporter(args.metrics_file)
+            if args.metrics_file and launch.rank == 0
+            else Reporter()
+        )
+        train(config, launch, reporter)
+    except DoNotRetryError as exc:
+        print(f"runyard worker: {exc}", file=sys.stderr, flush=True)
+        return ExitCode.DO_NOT_RETRY
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
