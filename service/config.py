@@ -50,6 +50,19 @@ class Settings(BaseSettings):
         default=True, description="Run the background reconcile loop inside the API process."
     )
 
+    job_prefix: str | None = Field(
+        default=None,
+        description="Prefix of Slurm job names (default runyard-<database>), so two services "
+        "sharing one cluster never adopt each other's jobs.",
+    )
+
+    @property
+    def slurm_job_prefix(self) -> str:
+        if self.job_prefix:
+            return self.job_prefix
+        database = self.database_url.rsplit("/", 1)[-1].split("?")[0]
+        return f"runyard-{database}"
+
     @property
     def api_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"

@@ -51,7 +51,7 @@ def submit_pending(settings: Settings) -> None:
         return
     # A service that died between recording SUBMITTING and storing the job id may already
     # have submitted: find such jobs by their unique name instead of submitting twice.
-    orphans = commands.jobs_by_name("runyard-")
+    orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
     for req in todo:
         try:
             job_id = orphans.get(req.job_name) or submit_attempt(req, settings)
@@ -77,7 +77,7 @@ def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
                       resume_step=newest.step if newest else None)
     session.add(attempt)
     session.flush()
-    attempt.job_name = job_name(run.id, attempt.id)
+    attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
     attempt.job_folder = str(settings.jobs_dir / f"run-{run.id:06d}" / f"attempt-{number:03d}")
     resume = f"resuming from step {newest.step}" if newest else "starting from scratch"
     record_event(session, run, "attempt.submitting", f"attempt {number}: submitting, {resume}",

@@ -28,9 +28,9 @@ class AttemptRequest:
     nodelist: str | None = None
 
 
-def job_name(run_id: int, attempt_id: int) -> str:
+def job_name(prefix: str, run_id: int, attempt_id: int) -> str:
     """Stable and unique, so a service that crashed mid-submit can find the job again."""
-    return f"runyard-r{run_id}-a{attempt_id}"
+    return f"{prefix}-r{run_id}-a{attempt_id}"
 
 
 def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]:

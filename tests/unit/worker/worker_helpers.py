@@ -1,0 +1,68 @@
+"""Helpers for the worker tests (a uniquely named module: `conftest` names collide across folders)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TINY_MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 256}
+
+
+def tiny_spec(checkpoint_dir: Path, data_cache_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """A WorkerRunConfig dict small enough to train in seconds on two CPU cores."""
+    spec: dict[str, Any] = {
+        "run_id": 1,
+        "attempt_id": 1,
+        "attempt_number": 1,
+        "name": "tiny",
+        "model": TINY_MODEL,
+        "layout": {"dp": 1, "micro_batch_size": 8},
+        "seq_len": 64,
+        "global_batch": 8,
+        "steps": 12,
+        "lr": 3e-3,
+        "warmup_steps": 3,
+        "checkpoint_every": 5,
+        "keep_checkpoints": 2,
+        "checkpoint_dir": str(checkpoint_dir),
+        "data_cache_dir": str(data_cache_dir),
+        "report_interval_s": 0.1,
+    }
+    spec.update(overrides)
+    return spec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class FakeService:
+    """The worker endpoints of the service over real HTTP, recording what it receives.
+
+    The real service is built elsewhere; this stands in for it with the same paths and
+    bodies, and can be told to fail the first N requests of a path to test retries."""
+
+    url: str = ""
+    config: dict[str, Any] | None = None
+    run_state: str = "RUNNING"
+    fail_first: dict[str, int] = field(default_factory=dict)  # path suffix -> failures left
+    received: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bodies(self, suffix: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [body for path, body, _ in self.received if path.endswith(suffix)]
+
+    def _should_fail(self, path: str) -> bool:
+        with self.lock:
+            for suffix, left in self.fail_first.items():
+                if path.endswith(suffix) and left > 0:
+                    self.fail_first[suffix] = left - 1
+                    return True
+        return False
