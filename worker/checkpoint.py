@@ -137,14 +137,9 @@ def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCh
     maybe_crash("before_commit", step, rank)
     num_bytes = 0
     if rank == 0:
-        num_bytes = folder_size(path)
-        marker = {
-            "step": step,
-            "world_size": world_size,
-            "num_bytes": num_bytes,
-            "time": datetime.now(UTC).isoformat(),
-        }
+        marker = {"step": step, "world_size": world_size, "time": datetime.now(UTC).isoformat()}
         write_atomic(path / MARKER, json.dumps(marker).encode())
+        num_bytes = folder_size(path)
     return SavedCheckpoint(path=path, num_bytes=num_bytes, write_s=time.perf_counter() - start)
 
 

@@ -36,6 +36,7 @@ MAX_BATCH = 1_000  # rows per progress POST
 MAX_BACKOFF_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
 CHECKPOINT_RETRY_S = 60.0  # then log and go on: losing a registration beats losing training
+FIRST_RETRY_WAIT_S = 0.5  # doubling up to 10 s between tries
 
 
 def _auth_headers() -> dict[str, str]:
@@ -61,7 +62,7 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
     retrying = Retrying(
         retry=retry_if_exception(_is_retryable),
         stop=stop_after_delay(timeout_s),
-        wait=wait_exponential(multiplier=0.5, max=10.0),
+        wait=wait_exponential(multiplier=FIRST_RETRY_WAIT_S, max=10.0),
         reraise=True,
     )
     try:
@@ -205,7 +206,7 @@ class HttpReporter(Reporter):
         retrying = Retrying(
             retry=retry_if_exception(_is_retryable),
             stop=stop_after_delay(CHECKPOINT_RETRY_S),
-            wait=wait_exponential(multiplier=0.5, max=10.0),
+            wait=wait_exponential(multiplier=FIRST_RETRY_WAIT_S, max=10.0),
             reraise=True,
         )
         try:

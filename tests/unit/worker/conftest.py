@@ -24,7 +24,10 @@ def data_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def fake_service() -> Iterator[FakeService]:
+def fake_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeService]:
+    from worker import reporter
+
+    monkeypatch.setattr(reporter, "FIRST_RETRY_WAIT_S", 0.02)  # retries in ms, not seconds
     service = FakeService()
 
     class Handler(BaseHTTPRequestHandler):
@@ -59,7 +62,7 @@ def fake_service() -> Iterator[FakeService]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     service.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield service
     server.shutdown()

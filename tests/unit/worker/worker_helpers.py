@@ -1,4 +1,4 @@
-"""Helpers for the worker tests (a uniquely named module: `conftest` names collide across folders)."""
+"""Helpers for the worker tests (named uniquely: `conftest` modules collide across folders)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,86 @@
+"""Fixtures on the real parts: a migrated Postgres database, the local Slurm cluster, and
+the service running as its own process (so tests can stop and restart it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_DATABASE = "runyard_test"
+TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
+
+# Settings are read from the environment: point everything in-process at the test database
+# before any service module caches them.
+os.environ["RUNYARD_DATABASE_URL"] = TEST_DATABASE_URL
+os.environ["RUNYARD_RUN_RECONCILER"] = "false"
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0,
+             interval_s: float = 0.25) -> T:
+    """Poll a state until it holds (returns something truthy); fail naming what never came."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """A fresh database migrated by Alembic, as `alembic upgrade head` does in production."""
+    from client.devcluster import postgres
+
+    postgres.ensure_running()
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
+        check=True, cwd=REPO_ROOT, env={**os.environ, "RUNYARD_DATABASE_URL": TEST_DATABASE_URL},
+        capture_output=True,
+    )
+    return TEST_DATABASE_URL
+
+
+@pytest.fixture
+def db_session(database_url: str) -> Iterator[Session]:
+    """A session inside a transaction that is rolled back after the test."""
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint")
+        try:
+            yield session
+        finally:
+            session.close()
+            outer.rollback()
+    engine.dispose()
+
+
+@pytest.fixture
+def api(db_session: Session) -> Iterator[Any]:
+    """The FastAPI app in-process (no reconciler), on the rolled-back session."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.db import get_session
+
+    app = create_app()
+    app.dependency_overrides[get_session] = lambda: db_session
+    yield TestClient(app)

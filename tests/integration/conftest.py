@@ -1,0 +1,94 @@
+"""The local Slurm cluster and a service process of the tests' own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from client.api import RunyardClient
+from client.devcluster import cluster
+from client.devcluster.cluster import DevCluster
+from tests.conftest import REPO_ROOT, wait_for
+
+SERVICE_PORT = 18123
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> DevCluster:
+    """The dev cluster's Slurm part (started if it is not up; left running afterwards)."""
+    dev = DevCluster(cluster.default_state_dir())
+    return cluster.up(cluster=dev, with_service=False, say=lambda _: None)
+
+
+class ServiceProcess:
+    """The real service (uvicorn + reconciler) as a child process that tests can restart."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.url = f"http://127.0.0.1:{SERVICE_PORT}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
+                 "--host", "127.0.0.1", "--port", str(SERVICE_PORT)],
+                env=self.env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+            )
+        wait_for("the service to answer /healthz", self.healthy, timeout_s=60)
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def client(self) -> RunyardClient:
+        return RunyardClient(self.url)
+
+
+@pytest.fixture(scope="session")
+def service(
+    database_url: str, slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    state_dir = tmp_path_factory.mktemp("service-state")
+    env = {
+        **os.environ,
+        "RUNYARD_DATABASE_URL": database_url,
+        "RUNYARD_PORT": str(SERVICE_PORT),
+        "RUNYARD_STATE_DIR": str(state_dir),
+        "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
+        "RUNYARD_RUN_RECONCILER": "true",
+        "RUNYARD_RECONCILE_INTERVAL_S": "0.5",
+        "SLURM_CONF": str(slurm_cluster.slurm_conf),
+    }
+    svc = ServiceProcess(env, state_dir / "service.log")
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name, "model": "tiny", "nodes": 2, "gpus_per_node": 1, "seq_len": 128,
+        "global_batch": 8, "steps": 300, "lr": 3e-3, "checkpoint_every": 20,
+        "max_restarts": 2,
+    }
+    return {**spec, **overrides}
