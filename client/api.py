@@ -19,8 +19,9 @@ class ApiError(Exception):
 
 
 class RunyardClient:
-    def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.url = (url or os.environ.get("RUNYARD_URL") or DEFAULT_URL).rstrip("/")
         token = token or os.environ.get("RUNYARD_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -6,8 +6,11 @@ import typer
 
 from client.commands import dev, node, run
 
-app = typer.Typer(help="runyard: training-run orchestration for Slurm clusters.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="runyard: training-run orchestration for Slurm clusters.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(run.app, name="run")
 app.add_typer(node.app, name="node")
 app.add_typer(dev.app, name="dev")

@@ -29,8 +29,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     stop = threading.Event()
     thread = None
     if settings.run_reconciler:
-        thread = threading.Thread(target=run_forever, args=(settings, stop),
-                                  name="reconciler", daemon=True)
+        thread = threading.Thread(
+            target=run_forever, args=(settings, stop), name="reconciler", daemon=True
+        )
         thread.start()
     yield
     stop.set()
@@ -40,8 +41,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app() -> FastAPI:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    app = FastAPI(title="runyard", version="0.1.0", lifespan=lifespan,
-                  description="Training-run orchestration for Slurm clusters.")
+    app = FastAPI(
+        title="runyard",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Training-run orchestration for Slurm clusters.",
+    )
     install_error_handlers(app)
     app.include_router(runs_router)
     app.include_router(nodes_router)

@@ -41,7 +41,9 @@ class Settings(BaseSettings):
         default=1.0, gt=0, description="How often the reconciler compares Postgres with Slurm."
     )
     default_max_restarts: int = Field(
-        default=3, ge=0, description="Automatic re-submissions of a failed run, unless the spec says."
+        default=3,
+        ge=0,
+        description="Automatic re-submissions of a failed run, unless the spec says.",
     )
     worker_python: str | None = Field(
         default=None, description="Python interpreter on compute nodes (default: the service's)."

@@ -28,8 +28,9 @@ os.environ["RUNYARD_RUN_RECONCILER"] = "false"
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0,
-             interval_s: float = 0.25) -> T:
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.25
+) -> T:
     """Poll a state until it holds (returns something truthy); fail naming what never came."""
     deadline = time.monotonic() + timeout_s
     last: T | None = None
@@ -52,7 +53,9 @@ def database_url() -> str:
         c.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
     subprocess.run(
         [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True, cwd=REPO_ROOT, env={**os.environ, "RUNYARD_DATABASE_URL": TEST_DATABASE_URL},
+        check=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "RUNYARD_DATABASE_URL": TEST_DATABASE_URL},
         capture_output=True,
     )
     return TEST_DATABASE_URL

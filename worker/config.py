@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -41,8 +42,11 @@ class ModelShape(_Frozen):
     hidden: int = Field(ge=8, le=65536, description="Model width (d_model).")
     heads: int = Field(ge=1, le=1024, description="Query heads.")
     kv_heads: int = Field(ge=1, le=1024, description="Key/value heads (GQA groups).")
-    ffn: int = Field(ge=8, le=262144, description="SwiGLU inner width.")
+    ffn: int = Field(ge=8, le=262144, description="MLP inner width.")
     vocab: int = Field(ge=2, le=1_048_576, description="Vocabulary size.")
+    mlp: Literal["swiglu", "gelu"] = Field(
+        default="swiglu", description="swiglu: gate/up/down (3 matrices); gelu: up/down (2)."
+    )
     rope_theta: float = Field(default=500_000.0, gt=0, description="RoPE base frequency.")
     norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
 
@@ -63,7 +67,7 @@ class ModelShape(_Frozen):
         """Parameter count (untied input and output embeddings)."""
         kv_dim = self.kv_heads * self.head_dim
         attention = self.hidden * (self.hidden + 2 * kv_dim) + self.hidden * self.hidden
-        mlp = 3 * self.hidden * self.ffn
+        mlp = (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn
         norms = 2 * self.hidden
         return self.layers * (attention + mlp + norms) + 2 * self.vocab * self.hidden + self.hidden
 

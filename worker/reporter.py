@@ -98,8 +98,8 @@ class Reporter:
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
         """Tell the service the run trained all its steps (blocks, bounded)."""
 
-    def close(self) -> None:
-        """Deliver what is buffered (bounded) and stop."""
+    def close(self, drain_timeout_s: float = 10.0) -> None:
+        """Deliver what is buffered (for at most `drain_timeout_s`) and stop."""
 
 
 class FileReporter(Reporter):
@@ -238,10 +238,10 @@ class HttpReporter(Reporter):
         body = {"final_step": final_step, "final_checkpoint_step": final_checkpoint_step}
         self._post_with_retry("/finish", body)
 
-    def close(self) -> None:
+    def close(self, drain_timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._thread.join()
-        self._drain(timeout_s=10.0)
+        self._drain(timeout_s=drain_timeout_s)
         if self.pending():
             _warn(f"{self.pending()} metric rows never delivered")
         self._client.close()

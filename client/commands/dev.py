@@ -8,8 +8,9 @@ from client.devcluster import cluster
 from client.devcluster.postgres import PostgresUnavailable
 from client.output import Exit, console, fail, hint, print_json, print_table
 
-app = typer.Typer(help="The local development cluster (real Slurm on this machine).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The local development cluster (real Slurm on this machine).", no_args_is_help=True
+)
 
 
 def _say(message: str) -> None:
@@ -17,9 +18,11 @@ def _say(message: str) -> None:
 
 
 @app.command()
-def up(nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
-       leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
-       port: int = typer.Option(8000, help="Service port on 127.0.0.1.")) -> None:
+def up(
+    nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
+    leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
+    port: int = typer.Option(8000, help="Service port on 127.0.0.1."),
+) -> None:
     """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
     dev = cluster.DevCluster(cluster.default_state_dir(), service_port=port)
     try:
@@ -46,8 +49,31 @@ def status(json: bool = typer.Option(False, "--json", help="Print JSON for scrip
     if not table:
         console.print("the dev cluster is not up")
         raise typer.Exit(Exit.ERROR)
-    print_table(None, ["PROCESS", "PID", "RUNNING", "LOG"],
-                [(n, p["pid"], "yes" if p["running"] else "NO", p["log"])
-                 for n, p in table.items()])
+    print_table(
+        None,
+        ["PROCESS", "PID", "RUNNING", "LOG"],
+        [(n, p["pid"], "yes" if p["running"] else "NO", p["log"]) for n, p in table.items()],
+    )
     if not all(p["running"] for p in table.values()):
         raise typer.Exit(Exit.ERROR)
+
+
+@app.command()
+def demo(
+    no_failure: bool = typer.Option(False, "--no-failure", help="Do not inject a failure."),
+    timeout_s: float = typer.Option(600, help="Give up after this long."),
+) -> None:
+    """Submit a small run on 2 nodes, kill one of its ranks mid-run, and watch it recover."""
+    from client.api import ApiError, RunyardClient
+    from client.devcluster.demo import DemoFailed, run_demo, summarize
+
+    client = RunyardClient(cluster.DevCluster(cluster.default_state_dir()).service_url)
+    try:
+        run = run_demo(client, console, inject_failure=not no_failure, timeout_s=timeout_s)
+        summarize(client, console, run)
+    except ApiError as exc:
+        fail(exc.message, Exit.UNREACHABLE if exc.status is None else Exit.ERROR)
+    except DemoFailed as exc:
+        fail(str(exc))
+    if run["state"] != "SUCCEEDED":
+        fail(f"run {run['id']} ended {run['state']}: {run['state_reason']}")

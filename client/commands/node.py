@@ -16,8 +16,19 @@ def list_(json: bool = typer.Option(False, "--json", help="Print JSON for script
     nodes = call(lambda c: c.list_nodes())
     if json:
         return print_json(nodes)
-    print_table(None, ["NODE", "STATE", "SLURM", "SWITCH", "GPUS", "HEARTBEAT", "REASON"], [
-        (n["name"], n["state"], n["slurm_state"], n["switch"], n["num_gpus"],
-         short_time(n["last_heartbeat_at"]), n["slurm_reason"] or n["state_reason"])
-        for n in nodes
-    ])
+    print_table(
+        None,
+        ["NODE", "STATE", "SLURM", "SWITCH", "GPUS", "HEARTBEAT", "REASON"],
+        [
+            (
+                n["name"],
+                n["state"],
+                n["slurm_state"],
+                n["switch"],
+                n["num_gpus"],
+                short_time(n["last_heartbeat_at"]),
+                n["slurm_reason"] or n["state_reason"],
+            )
+            for n in nodes
+        ],
+    )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import typer
 import yaml
 
+from client.api import RunyardClient
 from client.commands.common import call, fmt_float
 from client.output import Exit, console, fail, hint, print_json, print_table, short_time
 
@@ -26,8 +28,7 @@ def load_spec(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         fail(f"{path} is not valid YAML: {exc}", Exit.USAGE)
     if not isinstance(spec, dict):
-        fail(f"{path} must hold a mapping of run spec fields (name, model, nodes, ...)",
-             Exit.USAGE)
+        fail(f"{path} must hold a mapping of run spec fields (name, model, nodes, ...)", Exit.USAGE)
     return spec
 
 
@@ -38,26 +39,40 @@ def submit(file: Path = typer.Argument(..., help="Run spec (YAML)."), json: bool
     if json:
         return print_json(run)
     layout = run["layout"]
-    console.print(f"run [bold]{run['id']}[/bold] '{run['name']}' accepted: {run['state']}, "
-                  f"{run['num_nodes']} nodes x {run['gpus_per_node']} ranks, "
-                  f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
-                  f"micro_batch={layout['micro_batch_size']}")
+    console.print(
+        f"run [bold]{run['id']}[/bold] '{run['name']}' accepted: {run['state']}, "
+        f"{run['num_nodes']} nodes x {run['gpus_per_node']} ranks, "
+        f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
+        f"micro_batch={layout['micro_batch_size']}"
+    )
     hint(f"runyard run watch {run['id']}")
 
 
 @app.command("list")
-def list_(state: str | None = typer.Option(None, help="Only runs in this state."),
-          json: bool = JSON) -> None:
+def list_(
+    state: str | None = typer.Option(None, help="Only runs in this state."), json: bool = JSON
+) -> None:
     """Runs, newest first."""
     runs = call(lambda c: c.list_runs(state))
     if json:
         return print_json(runs)
-    print_table(None, ["ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "RESTARTS", "CREATED"], [
-        (r["id"], r["name"], r["state"], f"{r['last_step'] or 0}/{r['total_steps']}",
-         fmt_float(r["last_loss"]), fmt_float(r["tokens_per_s"], 0),
-         f"{r['num_restarts']}/{r['max_restarts']}", short_time(r["created_at"]))
-        for r in runs["items"]
-    ])
+    print_table(
+        None,
+        ["ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "RESTARTS", "CREATED"],
+        [
+            (
+                r["id"],
+                r["name"],
+                r["state"],
+                f"{r['last_step'] or 0}/{r['total_steps']}",
+                fmt_float(r["last_loss"]),
+                fmt_float(r["tokens_per_s"], 0),
+                f"{r['num_restarts']}/{r['max_restarts']}",
+                short_time(r["created_at"]),
+            )
+            for r in runs["items"]
+        ],
+    )
 
 
 @app.command()
@@ -66,16 +81,31 @@ def show(run_id: int, json: bool = JSON) -> None:
     run = call(lambda c: c.get_run(run_id))
     if json:
         return print_json(run)
-    console.print(f"[bold]run {run['id']}[/bold] {run['name']}: {run['state']} "
-                  f"({run['state_reason']})")
-    console.print(f"step {run['last_step'] or 0}/{run['total_steps']}  "
-                  f"loss {fmt_float(run['last_loss'])}  tok/s {fmt_float(run['tokens_per_s'], 0)}"
-                  f"  restarts {run['num_restarts']}/{run['max_restarts']}")
+    console.print(
+        f"[bold]run {run['id']}[/bold] {run['name']}: {run['state']} ({run['state_reason']})"
+    )
+    console.print(
+        f"step {run['last_step'] or 0}/{run['total_steps']}  "
+        f"loss {fmt_float(run['last_loss'])}  tok/s {fmt_float(run['tokens_per_s'], 0)}"
+        f"  restarts {run['num_restarts']}/{run['max_restarts']}"
+    )
     console.print(f"layout {run['layout']}")
-    print_table("attempts", ["#", "STATE", "JOB", "NODES", "RESUMED AT", "EXIT", "REASON"], [
-        (a["number"], a["state"], a["slurm_job_id"], a["node_list"], a["resume_step"],
-         a["exit_code"], a["end_reason"]) for a in run["attempts"]
-    ])
+    print_table(
+        "attempts",
+        ["#", "STATE", "JOB", "NODES", "RESUMED AT", "EXIT", "REASON"],
+        [
+            (
+                a["number"],
+                a["state"],
+                a["slurm_job_id"],
+                a["node_list"],
+                a["resume_step"],
+                a["exit_code"],
+                a["end_reason"],
+            )
+            for a in run["attempts"]
+        ],
+    )
 
 
 @app.command()
@@ -94,10 +124,20 @@ def checkpoints(run_id: int, json: bool = JSON) -> None:
     rows = call(lambda c: c.run_checkpoints(run_id))
     if json:
         return print_json(rows)
-    print_table(f"checkpoints of run {run_id}", ["STEP", "STATE", "SIZE MiB", "WRITE S", "PATH"], [
-        (c["step"], c["state"], fmt_float((c["num_bytes"] or 0) / 2**20, 2),
-         fmt_float(c["write_s"], 2), c["path"]) for c in rows
-    ])
+    print_table(
+        f"checkpoints of run {run_id}",
+        ["STEP", "STATE", "SIZE MiB", "WRITE S", "PATH"],
+        [
+            (
+                c["step"],
+                c["state"],
+                fmt_float((c["num_bytes"] or 0) / 2**20, 2),
+                fmt_float(c["write_s"], 2),
+                c["path"],
+            )
+            for c in rows
+        ],
+    )
 
 
 @app.command()
@@ -106,26 +146,35 @@ def events(run_id: int, json: bool = JSON) -> None:
     rows = call(lambda c: c.run_events(run_id))
     if json:
         return print_json(rows)
-    print_table(f"timeline of run {run_id}", ["TIME", "KIND", "MESSAGE"], [
-        (short_time(e["created_at"]), e["kind"], e["message"]) for e in rows
-    ])
+    print_table(
+        f"timeline of run {run_id}",
+        ["TIME", "KIND", "MESSAGE"],
+        [(short_time(e["created_at"]), e["kind"], e["message"]) for e in rows],
+    )
 
 
 @app.command()
-def watch(run_id: int, interval_s: float = typer.Option(2.0, help="Seconds between polls."),
-          timeout_s: float = typer.Option(0, help="Give up after this long (0: never).")) -> None:
+def watch(
+    run_id: int,
+    interval_s: float = typer.Option(2.0, help="Seconds between polls."),
+    timeout_s: float = typer.Option(0, help="Give up after this long (0: never)."),
+) -> None:
     """Follow a run: steps, loss, tokens/s and events until it ends. Exit 0 only if it succeeded."""
     last_step, last_event, started = -1, 0, time.monotonic()
     while True:
         run = call(lambda c: c.get_run(run_id))
-        for e in call(lambda c: c.run_events(run_id, last_event)):
-            console.print(f"[cyan]{short_time(e['created_at'])}[/cyan] {e['message']}",
-                          highlight=False)
+        for e in call(partial(RunyardClient.run_events, run_id=run_id, after_id=last_event)):
+            console.print(
+                f"[cyan]{short_time(e['created_at'])}[/cyan] {e['message']}", highlight=False
+            )
             last_event = e["id"]
-        metrics = call(lambda c: c.run_metrics(run_id, last_step))
+        metrics = call(partial(RunyardClient.run_metrics, run_id=run_id, after_step=last_step))
         for m in metrics[-1:]:
-            console.print(f"  step {m['step']:>6}/{run['total_steps']}  loss {m['loss']:.4f}  "
-                          f"tok/s {fmt_float(m['tokens_per_s'], 0)}", highlight=False)
+            console.print(
+                f"  step {m['step']:>6}/{run['total_steps']}  loss {m['loss']:.4f}  "
+                f"tok/s {fmt_float(m['tokens_per_s'], 0)}",
+                highlight=False,
+            )
         if metrics:
             last_step = max(m["step"] for m in metrics)
         if run["state"] in TERMINAL:

@@ -146,8 +146,11 @@ def _nodes_ready(cluster: DevCluster, names: list[str]) -> bool:
 
 
 def up(
-    num_nodes: int = 8, leaf_size: int = 4, cluster: DevCluster | None = None,
-    with_service: bool = True, say: Progress = print,
+    num_nodes: int = 8,
+    leaf_size: int = 4,
+    cluster: DevCluster | None = None,
+    with_service: bool = True,
+    say: Progress = print,
 ) -> DevCluster:
     """Bring every part up; parts already running are left as they are."""
     cluster = cluster or DevCluster(default_state_dir())
@@ -170,16 +173,22 @@ def up(
     if not (p := table.get("slurmctld")) or not is_alive(p):
         say("starting slurmctld")
         table["slurmctld"] = spawn(
-            "slurmctld", ["slurmctld", "-D", "-f", conf], log_dir / "slurmctld.out",
+            "slurmctld",
+            ["slurmctld", "-D", "-f", conf],
+            log_dir / "slurmctld.out",
             env=cluster.slurm_env(),
         )
         cluster.table.save(table)
-        _wait("slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30)
+        _wait(
+            "slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30
+        )
     for node in shape.node_names:
         key = f"slurmd:{node}"
         if not (p := table.get(key)) or not is_alive(p):
             table[key] = spawn(
-                key, ["slurmd", "-D", "-N", node, "-f", conf], log_dir / f"slurmd-{node}.out",
+                key,
+                ["slurmd", "-D", "-N", node, "-f", conf],
+                log_dir / f"slurmd-{node}.out",
                 env=cluster.slurm_env(),
             )
     cluster.table.save(table)
@@ -207,7 +216,10 @@ def _start_service(
     postgres.ensure_database(cluster.database_url)
     subprocess.run(
         [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True, env=cluster.service_env(), cwd=REPO_ROOT, capture_output=True,
+        check=True,
+        env=cluster.service_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
     )
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("service")) or not is_alive(p):
@@ -219,9 +231,19 @@ def _start_service(
         say(f"starting the service on {cluster.service_url}")
         table["service"] = spawn(
             "service",
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
-             "--host", "127.0.0.1", "--port", str(cluster.service_port)],
-            log_dir / "service.out", env=cluster.service_env(),
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "service.app:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(cluster.service_port),
+            ],
+            log_dir / "service.out",
+            env=cluster.service_env(),
         )
         cluster.table.save(table)
     _wait("the service", lambda: _service_healthy(cluster.service_url), 60)
@@ -230,11 +252,21 @@ def _start_service(
         if not (p := table.get(key)) or not is_alive(p):
             table[key] = spawn(
                 key,
-                [sys.executable, "-m", "worker.agent", "--node", node,
-                 "--service-url", cluster.service_url,
-                 "--kernel-log", str(cluster.kern_log(node)),
-                 "--state-dir", str(cluster.state_dir / "nodes" / node)],
-                log_dir / f"agent-{node}.out", env=cluster.service_env(),
+                [
+                    sys.executable,
+                    "-m",
+                    "worker.agent",
+                    "--node",
+                    node,
+                    "--service-url",
+                    cluster.service_url,
+                    "--kernel-log",
+                    str(cluster.kern_log(node)),
+                    "--state-dir",
+                    str(cluster.state_dir / "nodes" / node),
+                ],
+                log_dir / f"agent-{node}.out",
+                env=cluster.service_env(),
             )
     cluster.table.save(table)
 
@@ -243,8 +275,15 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
     """Stop what `up` started, newest first. Returns the names that were running."""
     cluster = cluster or DevCluster(default_state_dir())
     table = cluster.table.load()
-    order = sorted(table, key=lambda n: (n.startswith("munged"), n.startswith("slurmctld"),
-                                         n.startswith("slurmd"), n))
+    order = sorted(
+        table,
+        key=lambda n: (
+            n.startswith("munged"),
+            n.startswith("slurmctld"),
+            n.startswith("slurmd"),
+            n,
+        ),
+    )
     stopped = [name for name in order if stop(table[name])]
     for name in stopped:
         say(f"stopped {name}")

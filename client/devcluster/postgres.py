@@ -55,5 +55,7 @@ def ensure_database(database_url: str, timeout_s: float = 30.0) -> None:
                 return
         except psycopg.OperationalError as exc:
             if time.monotonic() > deadline:
-                raise PostgresUnavailable(f"cannot reach Postgres at {url.host}:{url.port}: {exc}")
+                raise PostgresUnavailable(
+                    f"cannot reach Postgres at {url.host}:{url.port}: {exc}"
+                ) from exc
             time.sleep(0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,7 +33,11 @@ def is_alive(proc: Started) -> bool:
 
 
 def spawn(
-    name: str, argv: list[str], log: Path, env: dict[str, str] | None = None, user: str | None = None
+    name: str,
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
 ) -> Started:
     """Start `argv` in its own session, detached from our terminal, logging to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -64,10 +69,8 @@ def stop(proc: Started, timeout_s: float = 10.0) -> bool:
         if not is_alive(proc):
             return True
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     return True
 
 

@@ -106,7 +106,5 @@ def render(shape: ClusterShape, state_dir: Path, munge_socket: str | None = None
         spine="spine",
         leaf_names=",".join(leaf.name for leaf in leaves),
     )
-    gres_conf = env.get_template("gres.conf.j2").render(
-        **common, device_dir=str(state_dir / "dev")
-    )
+    gres_conf = env.get_template("gres.conf.j2").render(**common, device_dir=str(state_dir / "dev"))
     return {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}

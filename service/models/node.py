@@ -42,9 +42,7 @@ class NodeEvent(Base):
     __tablename__ = "node_events"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    node_name: Mapped[str] = mapped_column(
-        ForeignKey("nodes.name", ondelete="CASCADE"), index=True
-    )
+    node_name: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)

@@ -25,4 +25,9 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "llama3-405b": ModelShape(
         layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=LLAMA3_VOCAB
     ),
+    # Brown et al. 2020 (Language Models are Few-Shot Learners), Table 2.1: 96 layers,
+    # d_model 12288, 96 heads, d_ff = 4 x d_model; GPT-2 BPE vocabulary (50,257 tokens).
+    "gpt3-175b": ModelShape(
+        layers=96, hidden=12288, heads=96, kv_heads=96, ffn=49152, vocab=50257, mlp="gelu"
+    ),
 }

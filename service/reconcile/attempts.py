@@ -31,9 +31,13 @@ log = logging.getLogger(__name__)
 def _request(run: Run, attempt: Attempt) -> AttemptRequest:
     spec = RunSpec.model_validate(run.spec)
     return AttemptRequest(
-        run_id=run.id, attempt_id=attempt.id, job_name=attempt.job_name,
-        job_folder=Path(attempt.job_folder), num_nodes=run.num_nodes,
-        ranks_per_node=run.gpus_per_node, time_limit_min=spec.time_limit_min,
+        run_id=run.id,
+        attempt_id=attempt.id,
+        job_name=attempt.job_name,
+        job_folder=Path(attempt.job_folder),
+        num_nodes=run.num_nodes,
+        ranks_per_node=run.gpus_per_node,
+        time_limit_min=spec.time_limit_min,
     )
 
 
@@ -60,28 +64,41 @@ def submit_pending(settings: Settings) -> None:
             continue
         with session_scope() as session:
             attempt = repository.get_attempt(session, req.attempt_id, for_update=True)
-            run = repository.get_run(session, req.run_id)
-            if attempt is None or run is None or attempt.state != AttemptState.SUBMITTING:
+            owner = repository.get_run(session, req.run_id)
+            if attempt is None or owner is None or attempt.state != AttemptState.SUBMITTING:
                 continue
             attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
-            set_attempt_state(session, run, attempt, AttemptState.PENDING,
-                              f"Slurm job {job_id} queued")
+            set_attempt_state(
+                session, owner, attempt, AttemptState.PENDING, f"Slurm job {job_id} queued"
+            )
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 
 def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     number = len(run.attempts) + 1
     newest = repository.newest_committed_checkpoint(session, run.id)
-    attempt = Attempt(run_id=run.id, number=number, state=AttemptState.SUBMITTING,
-                      job_name="", job_folder="", nodes=[],
-                      resume_step=newest.step if newest else None)
+    attempt = Attempt(
+        run_id=run.id,
+        number=number,
+        state=AttemptState.SUBMITTING,
+        job_name="",
+        job_folder="",
+        nodes=[],
+        resume_step=newest.step if newest else None,
+    )
     session.add(attempt)
     session.flush()
     attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
     attempt.job_folder = str(settings.jobs_dir / f"run-{run.id:06d}" / f"attempt-{number:03d}")
     resume = f"resuming from step {newest.step}" if newest else "starting from scratch"
-    record_event(session, run, "attempt.submitting", f"attempt {number}: submitting, {resume}",
-                 attempt, {"resume_step": attempt.resume_step})
+    record_event(
+        session,
+        run,
+        "attempt.submitting",
+        f"attempt {number}: submitting, {resume}",
+        attempt,
+        {"resume_step": attempt.resume_step},
+    )
     session.flush()
     return attempt
 
@@ -102,7 +119,8 @@ def stop_cancelling() -> None:
         targets = [
             (run.id, a.id, a.slurm_job_id)
             for run in repository.runs_in_states(session, [RunState.CANCELLING])
-            for a in run.attempts if not a.state.is_terminal
+            for a in run.attempts
+            if not a.state.is_terminal
         ]
         cancelling_runs = [r.id for r in repository.runs_in_states(session, [RunState.CANCELLING])]
     job_ids = [job for _, _, job in targets if job]
@@ -119,8 +137,9 @@ def stop_cancelling() -> None:
                 continue
             for attempt in run.attempts:
                 if not attempt.state.is_terminal:
-                    set_attempt_state(session, run, attempt, AttemptState.CANCELLED,
-                                      "cancelled by the user")
+                    set_attempt_state(
+                        session, run, attempt, AttemptState.CANCELLED, "cancelled by the user"
+                    )
             set_run_state(session, run, RunState.CANCELLED, "cancelled by the user")
 
 
@@ -167,11 +186,11 @@ def _apply(session: Session, obs: _Observed) -> None:
         attempt.node_list, attempt.nodes = status.node_list, obs.nodes
     if status is not None and status.is_live:
         if status.state == "RUNNING" and attempt.state == AttemptState.PENDING:
-            set_attempt_state(session, run, attempt, AttemptState.RUNNING,
-                              f"on {status.node_list}")
+            set_attempt_state(session, run, attempt, AttemptState.RUNNING, f"on {status.node_list}")
         if status.state == "RUNNING" and run.state == RunState.PENDING:
-            set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running",
-                          attempt)
+            set_run_state(
+                session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt
+            )
         return
     _attempt_ended(session, run, attempt, status)
 
@@ -181,15 +200,24 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     slurm_state = status.state if status else "UNKNOWN (slurmctld forgot the job)"
     exit_code = status.exit_code if status else None
     final = repository.get_checkpoint(session, run.id, run.total_steps)
-    finished = (run.final_step == run.total_steps and final is not None
-                and final.state in (CheckpointState.COMMITTED, CheckpointState.DELETED))
+    finished = (
+        run.final_step == run.total_steps
+        and final is not None
+        and final.state in (CheckpointState.COMMITTED, CheckpointState.DELETED)
+    )
     if finished:
-        set_attempt_state(session, run, attempt, AttemptState.SUCCEEDED,
-                          f"Slurm job {slurm_state}", exit_code)
+        set_attempt_state(
+            session, run, attempt, AttemptState.SUCCEEDED, f"Slurm job {slurm_state}", exit_code
+        )
         if run.state == RunState.PENDING:
             set_run_state(session, run, RunState.RUNNING, "finished before it was seen running")
-        set_run_state(session, run, RunState.SUCCEEDED,
-                      f"trained {run.total_steps} steps; final checkpoint committed", attempt)
+        set_run_state(
+            session,
+            run,
+            RunState.SUCCEEDED,
+            f"trained {run.total_steps} steps; final checkpoint committed",
+            attempt,
+        )
         return
     # Exit codes lie: a job can end COMPLETED after a rank gave up. Only the worker's
     # report of its final step counts as success.
@@ -199,12 +227,27 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
         reason += " before the worker reported its final step"
     set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if exit_code == ExitCode.DO_NOT_RETRY:
-        set_run_state(session, run, RunState.FAILED,
-                      f"{reason}: the worker refused to retry (bad spec or code bug)", attempt)
+        set_run_state(
+            session,
+            run,
+            RunState.FAILED,
+            f"{reason}: the worker refused to retry (bad spec or code bug)",
+            attempt,
+        )
     elif run.num_restarts < run.max_restarts:
         run.num_restarts += 1
-        set_run_state(session, run, RunState.PENDING,
-                      f"{reason}; restart {run.num_restarts} of {run.max_restarts}", attempt)
+        set_run_state(
+            session,
+            run,
+            RunState.PENDING,
+            f"{reason}; restart {run.num_restarts} of {run.max_restarts}",
+            attempt,
+        )
     else:
-        set_run_state(session, run, RunState.FAILED,
-                      f"{reason}; no restarts left ({run.max_restarts} allowed)", attempt)
+        set_run_state(
+            session,
+            run,
+            RunState.FAILED,
+            f"{reason}; no restarts left ({run.max_restarts} allowed)",
+            attempt,
+        )

@@ -37,14 +37,16 @@ def run_forever(settings: Settings, stop: threading.Event) -> None:
     """Hold the advisory lock on a dedicated connection, then tick until `stop` is set."""
     with get_engine().connect() as lock_conn:
         while not stop.is_set():
-            got = lock_conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
-                                    {"k": ADVISORY_LOCK_KEY}).scalar()
+            got = lock_conn.execute(
+                text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY}
+            ).scalar()
             lock_conn.commit()
             if got:
                 break
             stop.wait(settings.reconcile_interval_s)
-        log.info("reconciler holds the lock; reconciling every %.1f s",
-                 settings.reconcile_interval_s)
+        log.info(
+            "reconciler holds the lock; reconciling every %.1f s", settings.reconcile_interval_s
+        )
         last_node_sync = 0.0
         while not stop.is_set():
             started = time.monotonic()

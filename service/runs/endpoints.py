@@ -69,8 +69,9 @@ def list_events(
 ) -> list[RunEventOut]:
     """The run's timeline: state changes, attempts, checkpoints."""
     require_run(session, run_id)
-    return [RunEventOut.model_validate(e)
-            for e in repository.events(session, run_id, after_id, limit)]
+    return [
+        RunEventOut.model_validate(e) for e in repository.events(session, run_id, after_id, limit)
+    ]
 
 
 @router.get("/{run_id}/metrics")
@@ -82,5 +83,6 @@ def list_metrics(
 ) -> list[MetricOut]:
     """Per-step loss and throughput as rank 0 reported them, across attempts."""
     require_run(session, run_id)
-    return [MetricOut.model_validate(m)
-            for m in repository.metrics(session, run_id, after_step, limit)]
+    return [
+        MetricOut.model_validate(m) for m in repository.metrics(session, run_id, after_step, limit)
+    ]

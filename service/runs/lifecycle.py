@@ -10,10 +10,8 @@ from service.models import Attempt, AttemptState, Run, RunEvent, RunState
 from service.models.base import utcnow
 
 RUN_TRANSITIONS: dict[RunState, set[RunState]] = {
-    RunState.PENDING: {RunState.RUNNING, RunState.CANCELLING, RunState.FAILED,
-                       RunState.CANCELLED},
-    RunState.RUNNING: {RunState.PENDING, RunState.SUCCEEDED, RunState.FAILED,
-                       RunState.CANCELLING},
+    RunState.PENDING: {RunState.RUNNING, RunState.CANCELLING, RunState.FAILED, RunState.CANCELLED},
+    RunState.RUNNING: {RunState.PENDING, RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLING},
     RunState.CANCELLING: {RunState.CANCELLED},
     RunState.SUCCEEDED: set(),
     RunState.FAILED: set(),
@@ -21,10 +19,18 @@ RUN_TRANSITIONS: dict[RunState, set[RunState]] = {
 }
 
 ATTEMPT_TRANSITIONS: dict[AttemptState, set[AttemptState]] = {
-    AttemptState.SUBMITTING: {AttemptState.PENDING, AttemptState.RUNNING, AttemptState.FAILED,
-                              AttemptState.CANCELLED},
-    AttemptState.PENDING: {AttemptState.RUNNING, AttemptState.SUCCEEDED, AttemptState.FAILED,
-                           AttemptState.CANCELLED},
+    AttemptState.SUBMITTING: {
+        AttemptState.PENDING,
+        AttemptState.RUNNING,
+        AttemptState.FAILED,
+        AttemptState.CANCELLED,
+    },
+    AttemptState.PENDING: {
+        AttemptState.RUNNING,
+        AttemptState.SUCCEEDED,
+        AttemptState.FAILED,
+        AttemptState.CANCELLED,
+    },
     AttemptState.RUNNING: {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED},
     AttemptState.SUCCEEDED: set(),
     AttemptState.FAILED: set(),
@@ -37,11 +43,22 @@ class IllegalTransition(RuntimeError):
 
 
 def record_event(
-    session: Session, run: Run, kind: str, message: str,
-    attempt: Attempt | None = None, data: dict[str, Any] | None = None,
+    session: Session,
+    run: Run,
+    kind: str,
+    message: str,
+    attempt: Attempt | None = None,
+    data: dict[str, Any] | None = None,
 ) -> None:
-    session.add(RunEvent(run_id=run.id, attempt_id=attempt.id if attempt else None,
-                         kind=kind, message=message, data=data or {}))
+    session.add(
+        RunEvent(
+            run_id=run.id,
+            attempt_id=attempt.id if attempt else None,
+            kind=kind,
+            message=message,
+            data=data or {},
+        )
+    )
 
 
 def set_run_state(
@@ -58,12 +75,17 @@ def set_run_state(
         run.started_at = now
     if new.is_terminal:
         run.ended_at = now
-    record_event(session, run, f"run.{new.lower()}", reason, attempt,
-                 {"from": old.value, "to": new.value})
+    record_event(
+        session, run, f"run.{new.lower()}", reason, attempt, {"from": old.value, "to": new.value}
+    )
 
 
 def set_attempt_state(
-    session: Session, run: Run, attempt: Attempt, new: AttemptState, reason: str = "",
+    session: Session,
+    run: Run,
+    attempt: Attempt,
+    new: AttemptState,
+    reason: str = "",
     exit_code: int | None = None,
 ) -> None:
     if new == attempt.state:
@@ -79,6 +101,17 @@ def set_attempt_state(
         attempt.end_reason = reason
         attempt.exit_code = exit_code
     message = f"attempt {attempt.number}: {new.lower()}" + (f" ({reason})" if reason else "")
-    record_event(session, run, f"attempt.{new.lower()}", message, attempt,
-                 {"from": old.value, "to": new.value, "exit_code": exit_code,
-                  "slurm_job_id": attempt.slurm_job_id, "nodes": attempt.nodes})
+    record_event(
+        session,
+        run,
+        f"attempt.{new.lower()}",
+        message,
+        attempt,
+        {
+            "from": old.value,
+            "to": new.value,
+            "exit_code": exit_code,
+            "slurm_job_id": attempt.slurm_job_id,
+            "nodes": attempt.nodes,
+        },
+    )

@@ -39,8 +39,12 @@ def list_runs(
 
 
 def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run]:
-    stmt = (select(Run).where(Run.state.in_(states)).options(selectinload(Run.attempts))
-            .order_by(Run.id))
+    stmt = (
+        select(Run)
+        .where(Run.state.in_(states))
+        .options(selectinload(Run.attempts))
+        .order_by(Run.id)
+    )
     return session.scalars(stmt).all()
 
 
@@ -77,12 +81,20 @@ def newest_committed_checkpoint(session: Session, run_id: int) -> Checkpoint | N
 
 
 def events(session: Session, run_id: int, after_id: int, limit: int) -> Sequence[RunEvent]:
-    stmt = (select(RunEvent).where(RunEvent.run_id == run_id, RunEvent.id > after_id)
-            .order_by(RunEvent.id).limit(limit))
+    stmt = (
+        select(RunEvent)
+        .where(RunEvent.run_id == run_id, RunEvent.id > after_id)
+        .order_by(RunEvent.id)
+        .limit(limit)
+    )
     return session.scalars(stmt).all()
 
 
 def metrics(session: Session, run_id: int, after_step: int, limit: int) -> Sequence[Metric]:
-    stmt = (select(Metric).where(Metric.run_id == run_id, Metric.step > after_step)
-            .order_by(Metric.step, Metric.id).limit(limit))
+    stmt = (
+        select(Metric)
+        .where(Metric.run_id == run_id, Metric.step > after_step)
+        .order_by(Metric.step, Metric.id)
+        .limit(limit)
+    )
     return session.scalars(stmt).all()

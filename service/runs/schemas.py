@@ -32,7 +32,9 @@ class RunSpec(_Spec):
     """What a user submits (YAML for the CLI, JSON on the wire)."""
 
     name: str = Field(
-        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Letters, digits, '.', '_' and '-'.",
     )
     model: str | ModelShape = Field(
@@ -48,7 +50,9 @@ class RunSpec(_Spec):
     checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints.")
     keep_checkpoints: int = Field(default=3, ge=1, le=100, description="Committed ones kept.")
     data: str = Field(
-        default="builtin", min_length=1, max_length=4096,
+        default="builtin",
+        min_length=1,
+        max_length=4096,
         description="'builtin' (the stdlib byte corpus) or a folder of token shards.",
     )
     parallelism: Literal["auto"] | ParallelismSpec = Field(default="auto")

@@ -22,8 +22,10 @@ def model_shape(spec: RunSpec) -> ModelShape:
         return MODEL_PRESETS[spec.model]
     except KeyError:
         known = ", ".join(MODEL_PRESETS)
-        raise InvalidSpec(f"model: unknown preset '{spec.model}'; use one of {known} "
-                          "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}")
+        raise InvalidSpec(
+            f"model: unknown preset '{spec.model}'; use one of {known} "
+            "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}"
+        ) from None
 
 
 def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
@@ -32,14 +34,18 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
     pinned = None if spec.parallelism == "auto" else spec.parallelism
     try:
         layout = resolve_layout(
-            shape=shape, world_size=spec.nodes * spec.gpus_per_node,
-            global_batch=spec.global_batch, pinned=pinned,
+            shape=shape,
+            world_size=spec.nodes * spec.gpus_per_node,
+            global_batch=spec.global_batch,
+            pinned=pinned,
         )
     except LayoutError as exc:
         raise InvalidSpec(str(exc)) from exc
     if spec.checkpoint_every > spec.steps:
-        raise InvalidSpec(f"checkpoint_every: {spec.checkpoint_every} is more than steps "
-                          f"({spec.steps}); the run would only checkpoint at its end")
+        raise InvalidSpec(
+            f"checkpoint_every: {spec.checkpoint_every} is more than steps "
+            f"({spec.steps}); the run would only checkpoint at its end"
+        )
     return shape, layout
 
 
@@ -53,16 +59,22 @@ def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
         config={"model": shape.model_dump(mode="json"), "layout": layout.model_dump(mode="json")},
         num_nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
-        max_restarts=(spec.max_restarts if spec.max_restarts is not None
-                      else settings.default_max_restarts),
+        max_restarts=(
+            spec.max_restarts if spec.max_restarts is not None else settings.default_max_restarts
+        ),
         num_restarts=0,
         total_steps=spec.steps,
         attempts=[],
     )
     session.add(run)
     session.flush()
-    record_event(session, run, "run.submitted", f"run '{run.name}' accepted",
-                 data={"layout": run.config["layout"]})
+    record_event(
+        session,
+        run,
+        "run.submitted",
+        f"run '{run.name}' accepted",
+        data={"layout": run.config["layout"]},
+    )
     return run
 
 
@@ -87,18 +99,30 @@ def cancel_run(session: Session, run_id: int) -> Run:
 
 def run_out(run: Run) -> RunOut:
     return RunOut(
-        id=run.id, name=run.name, state=run.state, state_reason=run.state_reason,
-        num_nodes=run.num_nodes, gpus_per_node=run.gpus_per_node, total_steps=run.total_steps,
-        last_step=run.last_step, last_loss=run.last_loss, tokens_per_s=run.tokens_per_s,
-        num_restarts=run.num_restarts, max_restarts=run.max_restarts,
-        created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
-        layout=run.config["layout"], spec=run.spec,
+        id=run.id,
+        name=run.name,
+        state=run.state,
+        state_reason=run.state_reason,
+        num_nodes=run.num_nodes,
+        gpus_per_node=run.gpus_per_node,
+        total_steps=run.total_steps,
+        last_step=run.last_step,
+        last_loss=run.last_loss,
+        tokens_per_s=run.tokens_per_s,
+        num_restarts=run.num_restarts,
+        max_restarts=run.max_restarts,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        layout=run.config["layout"],
+        spec=run.spec,
         attempts=[AttemptOut.model_validate(a) for a in run.attempts],
     )
 
 
-def worker_config(session: Session, run: Run, attempt: Attempt, settings: Settings
-                  ) -> WorkerRunConfig:
+def worker_config(
+    session: Session, run: Run, attempt: Attempt, settings: Settings
+) -> WorkerRunConfig:
     """The resolved config one attempt's ranks train with, resuming where the run stopped."""
     spec = RunSpec.model_validate(run.spec)
     newest = repository.newest_committed_checkpoint(session, run.id)

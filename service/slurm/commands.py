@@ -30,8 +30,9 @@ def slurm_env() -> dict[str, str]:
 
 def run_slurm(argv: list[str], *, check: bool = True) -> str:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, env=slurm_env(),
-                             timeout=TIMEOUT_S)
+        out = subprocess.run(
+            argv, capture_output=True, text=True, env=slurm_env(), timeout=TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmError(f"{shlex.join(argv)}: {exc}") from exc
     if check and out.returncode != 0:
@@ -52,9 +53,22 @@ class JobStatus:
         return self.state in LIVE_JOB_STATES
 
 
-LIVE_JOB_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                   "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD",
-                   "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+LIVE_JOB_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+}
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -153,8 +167,15 @@ def show_nodes() -> list[SlurmNode]:
             continue
         f = parse_key_values(line)
         reason = line.split("Reason=", 1)[1].strip() if "Reason=" in line else ""
-        nodes.append(SlurmNode(name=f["NodeName"], state=f.get("State", ""), reason=reason,
-                               addr=f.get("NodeAddr", ""), num_gpus=parse_gpus(f.get("Gres", ""))))
+        nodes.append(
+            SlurmNode(
+                name=f["NodeName"],
+                state=f.get("State", ""),
+                reason=reason,
+                addr=f.get("NodeAddr", ""),
+                num_gpus=parse_gpus(f.get("Gres", "")),
+            )
+        )
     return nodes
 
 

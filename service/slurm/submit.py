@@ -54,8 +54,16 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
 
 def worker_command(settings: Settings, attempt_id: int) -> list[str]:
     python = settings.worker_python or sys.executable
-    return [python, "-u", "-m", "worker.entry", "--service-url", settings.api_url,
-            "--attempt-id", str(attempt_id)]
+    return [
+        python,
+        "-u",
+        "-m",
+        "worker.entry",
+        "--service-url",
+        settings.api_url,
+        "--attempt-id",
+        str(attempt_id),
+    ]
 
 
 def submit_attempt(req: AttemptRequest, settings: Settings) -> str:

@@ -30,17 +30,26 @@ def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
     if attempt.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
         set_attempt_state(session, run, attempt, AttemptState.RUNNING)
     if run.state == RunState.PENDING:
-        set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running",
-                      attempt)
+        set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt)
 
 
-def record_progress(session: Session, attempt_id: int, report: ProgressReport) -> tuple[Run, Attempt]:
+def record_progress(
+    session: Session, attempt_id: int, report: ProgressReport
+) -> tuple[Run, Attempt]:
     attempt, run = live_attempt_and_run(session, attempt_id)
     mark_running(session, run, attempt)
     attempt.last_heartbeat_at = utcnow()
     for m in report.metrics:
-        session.add(Metric(run_id=run.id, attempt_id=attempt.id, step=m.step, loss=m.loss,
-                           tokens_per_s=m.tokens_per_s, step_time_s=m.step_time_s))
+        session.add(
+            Metric(
+                run_id=run.id,
+                attempt_id=attempt.id,
+                step=m.step,
+                loss=m.loss,
+                tokens_per_s=m.tokens_per_s,
+                step_time_s=m.step_time_s,
+            )
+        )
     if report.metrics:
         last = max(report.metrics, key=lambda m: m.step)
         run.last_step, run.last_loss = last.step, last.loss
@@ -52,21 +61,37 @@ def record_checkpoint(session: Session, attempt_id: int, report: CheckpointRepor
     attempt, run = live_attempt_and_run(session, attempt_id)
     checkpoint = repository.get_checkpoint(session, run.id, report.step)
     if checkpoint is None:
-        checkpoint = Checkpoint(run_id=run.id, attempt_id=attempt.id, step=report.step,
-                                path=report.path, state=CheckpointState.WRITING)
+        checkpoint = Checkpoint(
+            run_id=run.id,
+            attempt_id=attempt.id,
+            step=report.step,
+            path=report.path,
+            state=CheckpointState.WRITING,
+        )
         session.add(checkpoint)
     elif checkpoint.state == CheckpointState.COMMITTED and report.state == "WRITING":
         raise Conflict(f"checkpoint at step {report.step} is already COMMITTED")
     checkpoint.attempt_id, checkpoint.path = attempt.id, report.path
-    checkpoint.num_bytes = report.num_bytes if report.num_bytes is not None else checkpoint.num_bytes
+    checkpoint.num_bytes = (
+        report.num_bytes if report.num_bytes is not None else checkpoint.num_bytes
+    )
     checkpoint.write_s = report.write_s if report.write_s is not None else checkpoint.write_s
     if report.state == "COMMITTED" and checkpoint.state != CheckpointState.COMMITTED:
         checkpoint.state, checkpoint.committed_at = CheckpointState.COMMITTED, utcnow()
         session.flush()
-        record_event(session, run, "checkpoint.committed",
-                     f"checkpoint at step {report.step} committed", attempt,
-                     {"step": report.step, "path": report.path, "num_bytes": report.num_bytes,
-                      "write_s": report.write_s})
+        record_event(
+            session,
+            run,
+            "checkpoint.committed",
+            f"checkpoint at step {report.step} committed",
+            attempt,
+            {
+                "step": report.step,
+                "path": report.path,
+                "num_bytes": report.num_bytes,
+                "write_s": report.write_s,
+            },
+        )
         _mark_pruned(session, run)
     session.flush()
     return checkpoint
@@ -75,8 +100,9 @@ def record_checkpoint(session: Session, attempt_id: int, report: CheckpointRepor
 def _mark_pruned(session: Session, run: Run) -> None:
     """Mirror the worker's retention: only the newest K committed checkpoints stay."""
     keep = RunSpec.model_validate(run.spec).keep_checkpoints
-    committed = [c for c in repository.checkpoints(session, run.id)
-                 if c.state == CheckpointState.COMMITTED]
+    committed = [
+        c for c in repository.checkpoints(session, run.id) if c.state == CheckpointState.COMMITTED
+    ]
     for old in committed[:-keep]:
         old.state = CheckpointState.DELETED
 
@@ -84,7 +110,12 @@ def _mark_pruned(session: Session, run: Run) -> None:
 def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Run:
     attempt, run = live_attempt_and_run(session, attempt_id)
     run.final_step = report.final_step
-    record_event(session, run, "run.final_step",
-                 f"worker finished step {report.final_step} of {run.total_steps}", attempt,
-                 report.model_dump())
+    record_event(
+        session,
+        run,
+        "run.final_step",
+        f"worker finished step {report.final_step} of {run.total_steps}",
+        attempt,
+        report.model_dump(),
+    )
     return run

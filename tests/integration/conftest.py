@@ -39,9 +39,21 @@ class ServiceProcess:
     def start(self) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
-                 "--host", "127.0.0.1", "--port", str(SERVICE_PORT)],
-                env=self.env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "service.app:create_app",
+                    "--factory",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(SERVICE_PORT),
+                ],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         wait_for("the service to answer /healthz", self.healthy, timeout_s=60)
 
@@ -87,8 +99,15 @@ def service(
 
 def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "name": name, "model": "tiny", "nodes": 2, "gpus_per_node": 1, "seq_len": 128,
-        "global_batch": 8, "steps": 300, "lr": 3e-3, "checkpoint_every": 20,
+        "name": name,
+        "model": "tiny",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "seq_len": 128,
+        "global_batch": 8,
+        "steps": 300,
+        "lr": 3e-3,
+        "checkpoint_every": 20,
         "max_restarts": 2,
     }
     return {**spec, **overrides}

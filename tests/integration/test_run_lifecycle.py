@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from client.devcluster.faults import rank_pids
 from tests.conftest import wait_for
 from tests.integration.conftest import ServiceProcess, tiny_spec
 
@@ -16,8 +17,12 @@ pytestmark = pytest.mark.integration
 
 def squeue_nodes(job_id: str, slurm_conf: str) -> int | None:
     """Nodes of a job as squeue reports it, or None when it is not in the queue."""
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%D|%T"], capture_output=True,
-                         text=True, env={**os.environ, "SLURM_CONF": slurm_conf})
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%D|%T"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": slurm_conf},
+    )
     line = out.stdout.strip()
     return int(line.split("|")[0]) if line else None
 
@@ -28,9 +33,14 @@ def test_submit_train_checkpoint_cancel(service: ServiceProcess, slurm_cluster) 
     assert run["state"] == "PENDING"
     conf = str(slurm_cluster.slurm_conf)
 
-    job_id = wait_for("a Slurm job for attempt 1",
-                      lambda: client.get_run(run["id"])["attempts"][0]["slurm_job_id"]
-                      if client.get_run(run["id"])["attempts"] else None)
+    job_id = wait_for(
+        "a Slurm job for attempt 1",
+        lambda: (
+            client.get_run(run["id"])["attempts"][0]["slurm_job_id"]
+            if client.get_run(run["id"])["attempts"]
+            else None
+        ),
+    )
     assert wait_for("the job in squeue on 2 nodes", lambda: squeue_nodes(job_id, conf) == 2)
 
     first = wait_for("steps to advance", lambda: client.get_run(run["id"])["last_step"])
@@ -46,20 +56,20 @@ def test_submit_train_checkpoint_cancel(service: ServiceProcess, slurm_cluster) 
     assert shown["attempts"][0]["nodes"] and len(shown["attempts"][0]["nodes"]) == 2
 
     assert client.cancel_run(run["id"])["state"] == "CANCELLING"
-    wait_for("the run to be CANCELLED",
-             lambda: client.get_run(run["id"])["state"] == "CANCELLED", timeout_s=60)
+    wait_for(
+        "the run to be CANCELLED",
+        lambda: client.get_run(run["id"])["state"] == "CANCELLED",
+        timeout_s=60,
+    )
     assert squeue_nodes(job_id, conf) is None
     ended = client.get_run(run["id"])
     assert ended["attempts"][0]["state"] == "CANCELLED"
     kinds = [e["kind"] for e in client.run_events(run["id"])]
-    assert kinds.index("run.running") < kinds.index("checkpoint.committed") < kinds.index(
-        "run.cancelled")
-
-
-def rank_pids(attempt_id: int, service_url: str) -> list[int]:
-    pattern = f"worker.entry --service-url {service_url} --attempt-id {attempt_id}$"
-    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    assert (
+        kinds.index("run.running")
+        < kinds.index("checkpoint.committed")
+        < kinds.index("run.cancelled")
+    )
 
 
 def losses(metrics: list[dict], attempt_id: int) -> dict[int, float]:
@@ -83,9 +93,11 @@ def test_killed_rank_restarts_from_last_commit(service: ServiceProcess) -> None:
     first_commit = wait_for("a committed checkpoint", lambda: committed_steps())[0]
     first = attempt(1)
     assert first is not None
-    wait_for("steps past the checkpoint", lambda: max(
-        losses(client.run_metrics(run_id), first["id"]), default=0) >= first_commit + 5)
-    pids = wait_for("the rank processes", lambda: rank_pids(first["id"], service.url))
+    wait_for(
+        "steps past the checkpoint",
+        lambda: max(losses(client.run_metrics(run_id), first["id"]), default=0) >= first_commit + 5,
+    )
+    pids = wait_for("the rank processes", lambda: rank_pids(service.url, first["id"]))
     assert len(pids) == 2
     os.kill(pids[-1], signal.SIGKILL)
 
@@ -96,8 +108,9 @@ def test_killed_rank_restarts_from_last_commit(service: ServiceProcess) -> None:
     resume = second["resume_step"]
     assert resume is not None and resume >= first_commit
 
-    wait_for("the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED",
-             timeout_s=180)
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
+    )
     final = client.get_run(run_id)
     assert final["num_restarts"] == 1
     assert final["attempts"][1]["resume_step"] == resume
@@ -122,8 +135,11 @@ def test_service_restart_picks_the_run_up_again(service: ServiceProcess) -> None
     assert not service.healthy()
     service.start()
 
-    wait_for("the run to succeed after the restart",
-             lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180)
+    wait_for(
+        "the run to succeed after the restart",
+        lambda: client.get_run(run_id)["state"] == "SUCCEEDED",
+        timeout_s=180,
+    )
     final = client.get_run(run_id)
     assert len(final["attempts"]) == 1, "a restarted service must not submit the run again"
     # The worker buffered what it could not deliver while the service was down.

@@ -12,8 +12,16 @@ from service.models import Run, RunEvent
 
 
 def good_spec(**overrides: Any) -> dict[str, Any]:
-    spec = {"name": "ok", "model": "tiny", "nodes": 2, "gpus_per_node": 1, "seq_len": 128,
-            "global_batch": 8, "steps": 50, "checkpoint_every": 10}
+    spec = {
+        "name": "ok",
+        "model": "tiny",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "seq_len": 128,
+        "global_batch": 8,
+        "steps": 50,
+        "checkpoint_every": 10,
+    }
     return {**spec, **overrides}
 
 
@@ -42,11 +50,26 @@ def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> Non
         ({"global_batch": 7}, "global_batch", "divisible by dp"),
         ({"parallelism": {"tp": 3}}, "parallelism", "does not divide"),
         ({"parallelism": {"dp": 2, "micro_batch_size": 3}}, "micro_batch_size", "must divide"),
-        ({"model": {"layers": 2, "hidden": 100, "heads": 3, "kv_heads": 1, "ffn": 64,
-                    "vocab": 256}}, "model", "divisible by heads"),
+        (
+            {
+                "model": {
+                    "layers": 2,
+                    "hidden": 100,
+                    "heads": 3,
+                    "kv_heads": 1,
+                    "ffn": 64,
+                    "vocab": 256,
+                }
+            },
+            "model",
+            "divisible by heads",
+        ),
         ({"checkpoint_every": 500}, "checkpoint_every", "more than steps"),
-        ({"parallelism": {"dp": 1, "tp": 2, "micro_batch_size": 1}, "global_batch": 1},
-         "parallelism", "not supported"),
+        (
+            {"parallelism": {"dp": 1, "tp": 2, "micro_batch_size": 1}, "global_batch": 1},
+            "parallelism",
+            "not supported",
+        ),
     ],
 )
 def test_bad_spec_is_refused_naming_the_field(
@@ -62,8 +85,9 @@ def test_bad_spec_is_refused_naming_the_field(
 
 
 def test_body_that_is_not_json_is_a_422(api: Any) -> None:
-    response = api.post("/v1/runs", content=b"name: yaml?",
-                        headers={"content-type": "application/json"})
+    response = api.post(
+        "/v1/runs", content=b"name: yaml?", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
     assert response.json()["error"] == "invalid_request"
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install what runyard needs on a Debian machine (as root): Slurm, munge and Postgres from
+# Debian's packages if absent, then the project and torch==2.13.0 into .venv. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+
+missing=()
+for bin in slurmctld slurmd sbatch munged; do
+  command -v "$bin" >/dev/null 2>&1 || { missing+=(slurmctld slurmd slurm-client munge); break; }
+done
+command -v pg_ctlcluster >/dev/null 2>&1 || missing+=(postgresql)
+python3 -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
+if ((${#missing[@]})); then
+  echo "bootstrap: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "bootstrap: creating $VENV"
+  python3 -m venv "$VENV"
+fi
+echo "bootstrap: installing runyard[worker,dev] (torch==2.13.0) into $VENV"
+"$VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+# torch is pinned in pyproject.toml (runyard[worker]); pip takes the CPU build from the
+# local wheel cache where one exists.
+"$VENV/bin/pip" install -q -e '.[worker,dev]' 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -c "import torch, service, worker, client" \
+  || { echo "bootstrap: the install failed; see pip's output above" >&2; exit 1; }

@@ -1,0 +1,128 @@
+"""Accelerator and network presets, each number with the public document it comes from.
+
+The planner's models are only as good as these figures, so every one names its source.
+Rates are stored in SI units (FLOP/s, bytes/s, bytes); GiB only appears at the edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+GIB = 2**30
+GBPS = 1e9 / 8  # one gigabit per second, in bytes per second
+
+
+class Network(StrEnum):
+    """The scale-out fabric between nodes."""
+
+    IB = "ib"  # InfiniBand, one NIC per GPU (rail-optimised)
+    EFA = "efa"  # AWS Elastic Fabric Adapter, a per-node aggregate
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One accelerator model and the links around it."""
+
+    name: str
+    peak_bf16_flops: float  # dense, no sparsity
+    peak_fp8_flops: float | None  # None: no FP8 tensor cores
+    hbm_bytes: float  # what the driver reports as total memory
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # per GPU, both directions together (vendor convention)
+    ib_bytes_per_s_per_gpu: float
+    efa_bytes_per_s_per_node: float
+    gemm_efficiency: float  # achievable fraction of peak for large BF16 GEMMs (see below)
+    attention_efficiency: float  # achievable fraction of BF16 peak for fused attention
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak of the math the linear layers run in."""
+        if precision == "fp8":
+            if self.peak_fp8_flops is None:
+                raise ValueError(f"{self.name} has no FP8 tensor cores; use --precision bf16")
+            return self.peak_fp8_flops
+        return self.peak_bf16_flops
+
+    def nic_bytes_per_s_per_gpu(self, network: Network, gpus_per_node: int) -> float:
+        """Scale-out bandwidth one GPU can use when all GPUs of its node send at once."""
+        if network is Network.EFA:
+            return self.efa_bytes_per_s_per_node / gpus_per_node
+        return self.ib_bytes_per_s_per_gpu
+
+
+HARDWARE: dict[str, Hardware] = {
+    "h100-sxm": Hardware(
+        name="h100-sxm",
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOP/s and FP8
+        # 3,958 TFLOP/s "with sparsity"; dense is half of each.
+        peak_bf16_flops=989.4e12,
+        peak_fp8_flops=1978.9e12,
+        # 80 GB HBM3 (datasheet); nvidia-smi reports 81,559 MiB total on H100 80GB HBM3.
+        hbm_bytes=81_559 * 2**20,
+        hbm_bytes_per_s=3.35e12,  # datasheet: 3.35 TB/s
+        nvlink_bytes_per_s=900e9,  # datasheet: NVLink 4, 900 GB/s per GPU
+        # DGX H100 user guide: eight ConnectX-7 NDR 400 Gb/s compute NICs, one per GPU.
+        ib_bytes_per_s_per_gpu=400 * GBPS,
+        efa_bytes_per_s_per_node=3200 * GBPS,  # AWS p5.48xlarge: 3,200 Gbps EFAv2
+        # An 8192^3 BF16 matmul ran at 769-798 TFLOP/s (0.78-0.81 of peak) on the GH100
+        # chip measured here (.library/device KINDS.md, H200 = same compute as H100 SXM);
+        # sustained training draws full board power and clocks sit lower, so 0.75.
+        gemm_efficiency=0.75,
+        # FlashAttention-3 (Shah et al. 2024): BF16 forward up to 740 TFLOP/s (75 %) on
+        # H100, backward markedly lower; FA2 on H100 reaches ~35-50 %. Midpoint: 0.5.
+        attention_efficiency=0.5,
+    ),
+    "h200": Hardware(
+        name="h200",
+        # NVIDIA H200 datasheet (SXM): same tensor-core rates as H100 SXM.
+        peak_bf16_flops=989.4e12,
+        peak_fp8_flops=1978.9e12,
+        hbm_bytes=143_771 * 2**20,  # 141 GB HBM3e; nvidia-smi reports 143,771 MiB
+        hbm_bytes_per_s=4.8e12,  # datasheet: 4.8 TB/s
+        nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
+        ib_bytes_per_s_per_gpu=400 * GBPS,  # DGX H200: ConnectX-7 400 Gb/s per GPU
+        efa_bytes_per_s_per_node=3200 * GBPS,  # AWS p5e.48xlarge: 3,200 Gbps EFA
+        gemm_efficiency=0.75,  # same chip and power limit as H100 SXM (see above)
+        attention_efficiency=0.5,
+    ),
+    "a100-80gb": Hardware(
+        name="a100-80gb",
+        # NVIDIA A100 datasheet (SXM 80GB): BF16 312 TFLOP/s dense; no FP8.
+        peak_bf16_flops=312e12,
+        peak_fp8_flops=None,
+        hbm_bytes=81_920 * 2**20,  # 80 GB HBM2e; nvidia-smi reports 81,920 MiB
+        hbm_bytes_per_s=2.039e12,  # datasheet: 2,039 GB/s
+        nvlink_bytes_per_s=600e9,  # datasheet: NVLink 3, 600 GB/s per GPU
+        # DGX A100 user guide: eight ConnectX-6 HDR 200 Gb/s compute NICs, one per GPU.
+        ib_bytes_per_s_per_gpu=200 * GBPS,
+        efa_bytes_per_s_per_node=400 * GBPS,  # AWS p4d.24xlarge: 400 Gbps EFA
+        # A100 sustains a larger share of its (lower) peak in big GEMMs: Narayanan et al.
+        # 2021 (Megatron-LM, SC21) report 163-180 TFLOP/s end to end incl. communication
+        # and the bubble; cuBLAS BF16 GEMMs reach ~80 % of 312.
+        gemm_efficiency=0.80,
+        # FlashAttention-2 (Dao 2023): 50-73 % of peak forward, lower backward, on A100.
+        attention_efficiency=0.55,
+    ),
+}
+
+# NCCL reaches about 80 % of a link's one-way rate as bus bandwidth in nccl-tests
+# (DGX H100 all-reduce ~360 GB/s on NVLink 4 = 450 GB/s one way; DGX A100 ~230 GB/s of
+# 300); we use the same share for the NICs.
+NVLINK_EFFICIENCY = 0.8
+NIC_EFFICIENCY = 0.8
+# Per-step latency of one hop of a ring collective; NCCL's own tuning model uses a few
+# microseconds inside a node and ~10-20 us over IB/EFA.
+NVLINK_HOP_LATENCY_S = 5e-6
+NIC_HOP_LATENCY_S = 15e-6
+# STREAM-style copies reach ~85-90 % of HBM datasheet bandwidth (4.3 TB/s counting read and
+# write on the H200 here, of 4.8); memory-bound kernels in training do a little worse.
+HBM_EFFICIENCY = 0.8
+
+
+def hardware_named(name: str) -> Hardware:
+    """The preset called `name`, or a ValueError listing the ones that exist."""
+    try:
+        return HARDWARE[name]
+    except KeyError:
+        known = ", ".join(sorted(HARDWARE))
+        raise ValueError(f"unknown hardware {name!r}; known: {known}") from None

@@ -1,0 +1,107 @@
+"""A candidate parallel layout and the rules that make one valid before any cost is paid.
+
+The search builds hundreds of thousands of these, so they are slotted dataclasses, not
+pydantic models; `schemas.py` turns the chosen ones into the API's JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from worker.config import ModelShape
+
+from .hardware import Hardware
+
+
+class Reason(StrEnum):
+    """Why a layout was not chosen; the keys of the plan's `rejected` counts."""
+
+    INDIVISIBLE = "indivisible"  # a degree does not divide what it must split
+    UNSUPPORTED = "unsupported"  # a combination the worker's parallel code does not run
+    DOES_NOT_FIT = "does_not_fit"  # over the GPU's memory
+    SLOWER = "slower"  # valid and fits, but another layout is faster
+
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """dp x cp x pp x tp ranks, plus sharding, batching and recomputation."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    zero_stage: int
+    micro_batch_size: int
+    recompute: str
+    precision: str
+    vp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def grad_accum(self, global_batch_seqs: int) -> int:
+        """Micro batches each data-parallel rank runs per optimizer step."""
+        return global_batch_seqs // (self.dp * self.micro_batch_size)
+
+    def stage_layers(self, num_layers: int) -> int:
+        """Layers on the busiest pipeline rank (uneven splits round up).
+
+        Llama 3 ran 126 layers on 16 stages by taking one layer off the first and last
+        stage (Llama 3 paper, section 3.3.2), so an uneven split is allowed and charged
+        at its slowest stage.
+        """
+        per_virtual_stage = -(-num_layers // (self.pp * self.vp))
+        return min(num_layers, per_virtual_stage * self.vp)
+
+
+def check_layout(
+    layout: Layout,
+    model: ModelShape,
+    hardware: Hardware,
+    seq_len: int,
+    global_batch_seqs: int,
+    gpus_per_node: int,
+) -> tuple[Reason, str] | None:
+    """None if the layout can run, else the reason class and a sentence naming the field."""
+    t, cp = layout.tp, layout.cp
+    if model.kv_heads % t or model.heads % t:
+        return Reason.INDIVISIBLE, f"tp ({t}) must divide kv_heads ({model.kv_heads})"
+    if model.ffn % t:
+        return Reason.INDIVISIBLE, f"tp ({t}) must divide ffn ({model.ffn})"
+    if seq_len % (2 * cp) or (seq_len // cp) % t:
+        return Reason.INDIVISIBLE, (
+            f"seq_len ({seq_len}) must split into 2 x cp ({2 * cp}) chunks "
+            f"whose length divides by tp ({t})"
+        )
+    if layout.pp * layout.vp > model.layers:
+        return Reason.INDIVISIBLE, (
+            f"pp x vp ({layout.pp * layout.vp}) exceeds the model's {model.layers} layers"
+        )
+    if global_batch_seqs % (layout.dp * layout.micro_batch_size):
+        return Reason.INDIVISIBLE, (
+            f"dp x micro_batch_size ({layout.dp * layout.micro_batch_size}) must divide "
+            f"the global batch of {global_batch_seqs} sequences"
+        )
+    grad_accum = layout.grad_accum(global_batch_seqs)
+    if layout.vp > 1 and (layout.pp == 1 or grad_accum % layout.pp):
+        return Reason.INDIVISIBLE, (
+            f"vp ({layout.vp}) needs pp > 1 and micro batches ({grad_accum}) divisible by pp"
+        )
+    if t > gpus_per_node:
+        return Reason.UNSUPPORTED, (
+            f"tp ({t}) must stay inside one node's NVLink domain ({gpus_per_node} GPUs)"
+        )
+    if layout.precision == "fp8" and hardware.peak_fp8_flops is None:
+        return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
+    if layout.zero_stage == 3 and layout.pp > 1:
+        return Reason.UNSUPPORTED, (
+            "zero_stage 3 with pp > 1 keeps parameters gathered across micro batches; "
+            "use zero_stage 1 or 2"
+        )
+    return None

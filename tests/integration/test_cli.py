@@ -1,0 +1,73 @@
+"""The CLI against the real service: tables, --json, and clear errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from client.cli import app
+from client.output import Exit
+from tests.conftest import wait_for
+from tests.integration.conftest import ServiceProcess, tiny_spec
+
+pytestmark = pytest.mark.integration
+runner = CliRunner()
+
+
+def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), env={"RUNYARD_URL": service.url})
+    return result.exit_code, result.output
+
+
+def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> None:
+    spec = tmp_path / "run.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec("from-cli", steps=20, checkpoint_every=10)))
+    code, out = cli(service, "run", "submit", str(spec), "--json")
+    assert code == 0, out
+    run_id = json.loads(out)["id"]
+
+    code, out = cli(service, "run", "list", "--json")
+    assert code == 0 and run_id in [r["id"] for r in json.loads(out)["items"]]
+    code, out = cli(service, "run", "show", str(run_id))
+    assert code == 0 and "from-cli" in out
+
+    code, out = cli(
+        service, "run", "watch", str(run_id), "--interval-s", "0.5", "--timeout-s", "120"
+    )
+    assert code == 0, out
+    assert "SUCCEEDED" in out and "step" in out
+    code, out = cli(service, "run", "checkpoints", str(run_id), "--json")
+    assert [c["step"] for c in json.loads(out) if c["state"] == "COMMITTED"] == [10, 20]
+
+    nodes = wait_for(
+        "nodes synced from Slurm", lambda: json.loads(cli(service, "node", "list", "--json")[1])
+    )
+    assert {n["name"] for n in nodes} >= {"gpu001", "gpu008"}
+    assert {n["switch"] for n in nodes} == {"leaf1", "leaf2"}
+
+
+def test_refusals_are_one_line_with_a_nonzero_exit(service: ServiceProcess, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**tiny_spec("x"), "global_batch": 7}))
+    code, out = cli(service, "run", "submit", str(bad))
+    assert code == Exit.ERROR
+    assert "global_batch" in out and "Traceback" not in out
+
+    not_yaml = tmp_path / "broken.yaml"
+    not_yaml.write_text("name: [unclosed")
+    code, out = cli(service, "run", "submit", str(not_yaml))
+    assert code == Exit.USAGE and "not valid YAML" in out
+
+    code, out = cli(service, "run", "show", "424242")
+    assert code == Exit.ERROR and "no run with id 424242" in out
+
+
+def test_unreachable_service_says_how_to_fix_it() -> None:
+    result = runner.invoke(app, ["run", "list"], env={"RUNYARD_URL": "http://127.0.0.1:9"})
+    assert result.exit_code == Exit.UNREACHABLE
+    assert "cannot reach the runyard service" in result.output
+    assert "runyard dev up" in result.output

@@ -1,0 +1,37 @@
+"""The dev cluster's Slurm configuration, rendered from slurm_templates/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from client.devcluster.render import ClusterShape, hostlist, render
+
+
+def test_hostlist_and_leaves() -> None:
+    assert hostlist(1, 1) == "gpu001"
+    assert hostlist(3, 12) == "gpu[003-012]"
+    shape = ClusterShape(num_nodes=10, leaf_size=4)
+    assert [leaf.nodes for leaf in shape.leaves] == ["gpu[001-004]", "gpu[005-008]", "gpu[009-010]"]
+    assert shape.port_of("gpu010") == 17010
+
+
+def test_rendered_files_describe_the_cluster(tmp_path: Path) -> None:
+    files = render(ClusterShape(num_nodes=8, leaf_size=4), tmp_path)
+    slurm = files["slurm.conf"]
+    assert "TopologyPlugin=topology/tree" in slurm
+    assert (
+        "NodeName=gpu[001-008] NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001-17008" in slurm
+    )
+    assert "Gres=gpu:8" in slurm
+    assert f"SlurmdSpoolDir={tmp_path}/slurmd/%n" in slurm
+    assert "PartitionName=train" in slurm
+    assert "SwitchName=spine Switches=leaf1,leaf2" in files["topology.conf"]
+    assert f"File={tmp_path}/dev/nvidia[0-7]" in files["gres.conf"]
+
+
+@pytest.mark.parametrize(("nodes", "leaf"), [(0, 1), (4, 5), (65, 4)])
+def test_bad_shapes_are_refused(nodes: int, leaf: int) -> None:
+    with pytest.raises(ValueError, match="--"):
+        ClusterShape(num_nodes=nodes, leaf_size=leaf)

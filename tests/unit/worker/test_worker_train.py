@@ -1,0 +1,80 @@
+"""The training loop in one process: the LR schedule, learning, refusals with exit code 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from worker_helpers import tiny_spec
+
+from worker.config import ExitCode, WorkerRunConfig
+from worker.distributed import read_launch_env
+from worker.reporter import FileReporter
+from worker.train import lr_at, main, train
+
+
+def read_metrics(path: Path, kind: str = "metric") -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [row for row in rows if row["kind"] == kind]
+
+
+def test_lr_warms_up_then_decays_by_cosine(tmp_path: Path) -> None:
+    config = WorkerRunConfig.model_validate(
+        tiny_spec(tmp_path, tmp_path, steps=110, warmup_steps=10, lr=1.0)
+    )
+    assert lr_at(1, config) == pytest.approx(0.1)
+    assert lr_at(10, config) == pytest.approx(1.0)
+    assert lr_at(60, config) == pytest.approx(0.55)  # half way: midpoint of 1.0 and 0.1
+    assert lr_at(110, config) == pytest.approx(0.1)
+    no_warmup = config.model_copy(update={"warmup_steps": 0})
+    assert lr_at(1, no_warmup) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_loss_falls_on_real_text(tmp_path: Path, data_cache_dir: Path, capsys) -> None:
+    spec = tiny_spec(tmp_path / "ckpt", data_cache_dir, steps=60, checkpoint_every=1000)
+    metrics = tmp_path / "metrics.jsonl"
+    result = train(WorkerRunConfig.model_validate(spec), read_launch_env({}), FileReporter(metrics))
+    losses = [row["loss"] for row in read_metrics(metrics)]
+    assert len(losses) == 60 and (result.final_step, result.final_checkpoint_step) == (60, 60)
+    assert losses[0] > 5.3  # ln(256) = 5.55: uniform over bytes
+    assert sum(losses[-10:]) / 10 < 3.3
+    assert "step 60/60 loss" in capsys.readouterr().out
+    assert read_metrics(metrics, "finish") == [
+        {"kind": "finish", "final_step": 60, "final_checkpoint_step": 60}
+    ]
+    states = [(row["step"], row["state"]) for row in read_metrics(metrics, "checkpoint")]
+    assert states == [(60, "WRITING"), (60, "COMMITTED")]  # always a checkpoint at the end
+
+
+def write_spec(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_unsupported_layout_exits_do_not_retry(tmp_path: Path, capsys) -> None:
+    spec = tiny_spec(tmp_path / "ckpt", tmp_path, layout={"dp": 1, "tp": 2})
+    assert main(["--spec", str(write_spec(tmp_path, spec))]) == ExitCode.DO_NOT_RETRY == 3
+    assert "tp=2 is not supported yet by this worker" in capsys.readouterr().err
+
+
+def test_invalid_spec_exits_do_not_retry_naming_the_field(tmp_path: Path, capsys) -> None:
+    spec = tiny_spec(
+        tmp_path / "ckpt", tmp_path, global_batch=7, layout={"dp": 1, "micro_batch_size": 2}
+    )
+    assert main(["--spec", str(write_spec(tmp_path, spec))]) == ExitCode.DO_NOT_RETRY
+    assert "global_batch (7) must be divisible" in capsys.readouterr().err
+
+
+def test_resume_from_an_uncommitted_folder_exits_do_not_retry(
+    tmp_path: Path, data_cache_dir: Path, capsys
+) -> None:
+    half_written = tmp_path / "ckpt" / "step_00000005"
+    half_written.mkdir(parents=True)
+    spec = tiny_spec(
+        tmp_path / "ckpt", data_cache_dir, resume_from={"step": 5, "path": str(half_written)}
+    )
+    assert main(["--spec", str(write_spec(tmp_path, spec))]) == ExitCode.DO_NOT_RETRY
+    assert "has no COMMITTED marker" in capsys.readouterr().err
