@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import text
 
+from service.admin.endpoints import router as admin_router
 from service.config import get_settings
 from service.db import get_engine
 from service.errors import install_error_handlers
@@ -51,6 +52,7 @@ def create_app() -> FastAPI:
     app.include_router(runs_router)
     app.include_router(nodes_router)
     app.include_router(worker_router)
+    app.include_router(admin_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -52,6 +52,28 @@ class Settings(BaseSettings):
         default=True, description="Run the background reconcile loop inside the API process."
     )
 
+    classification_file: Path | None = Field(
+        default=None,
+        description='JSON {"xid:94": "DRAIN_AND_MOVE", ...} overriding rows of the '
+        "classification table (service/recovery/classification.py).",
+    )
+    app_errors_before_drain: int = Field(
+        default=3,
+        ge=1,
+        description="Application-class Xids (13/31/43) on a node before it is drained.",
+    )
+    heartbeat_suspect_s: float = Field(
+        default=10.0, gt=0, description="Silence after which a node with an agent is SUSPECT."
+    )
+    heartbeat_dead_s: float = Field(
+        default=20.0, gt=0, description="Silence after which a node is presumed dead and drained."
+    )
+    hang_factor: float = Field(
+        default=20.0, gt=1, description="A run is hung after this many median step times..."
+    )
+    hang_min_s: float = Field(
+        default=30.0, gt=0, description="...and never before this many seconds without a step."
+    )
     job_prefix: str | None = Field(
         default=None,
         description="Prefix of Slurm job names (default runyard-<database>), so two services "

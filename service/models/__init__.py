@@ -1,6 +1,7 @@
 """All tables, imported in one place so Alembic and the app see the same metadata."""
 
 from service.models.base import Base
+from service.models.incident import ClusterSetting, Incident, IncidentState, RecoveryAction
 from service.models.node import Node, NodeEvent, NodeState
 from service.models.run import (
     Attempt,
@@ -19,10 +20,14 @@ __all__ = [
     "Base",
     "Checkpoint",
     "CheckpointState",
+    "ClusterSetting",
+    "Incident",
+    "IncidentState",
     "Metric",
     "Node",
     "NodeEvent",
     "NodeState",
+    "RecoveryAction",
     "Run",
     "RunEvent",
     "RunState",

@@ -36,6 +36,9 @@ class Node(Timestamped, Base):
     switch: Mapped[str | None] = mapped_column(String(64))
     num_gpus: Mapped[int] = mapped_column(Integer, default=0)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    num_app_errors: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )  # Xid 13/31/43 seen
 
 
 class NodeEvent(Base):
@@ -46,4 +49,9 @@ class NodeEvent(Base):
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    # Set by agents so a re-delivered event is stored once.
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    code: Mapped[int | None] = mapped_column(Integer)  # Xid / SXid number
+    action: Mapped[str | None] = mapped_column(String(24))  # what classification decided
+    observed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

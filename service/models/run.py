@@ -71,12 +71,19 @@ class Run(Timestamped, Base):
     num_nodes: Mapped[int] = mapped_column(Integer)
     gpus_per_node: Mapped[int] = mapped_column(Integer)
     max_restarts: Mapped[int] = mapped_column(Integer)
-    num_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    num_restarts: Mapped[int] = mapped_column(Integer, default=0)  # all automatic restarts
+    # Restarts caused by hardware (a drained node): they do not use up max_restarts.
+    num_hardware_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     total_steps: Mapped[int] = mapped_column(Integer)
     last_step: Mapped[int | None] = mapped_column(Integer)
     last_loss: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     final_step: Mapped[int | None] = mapped_column(Integer)  # reported by the worker at the end
+    min_nodes: Mapped[int | None] = mapped_column(Integer)  # may shrink to this without spares
+    # The nodes the run holds across attempts (through its own Slurm reservation).
+    nodes: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list, server_default="{}")
+    reservation: Mapped[str | None] = mapped_column(String(128))
+    last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -105,6 +112,8 @@ class Attempt(Timestamped, Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_step: Mapped[int | None] = mapped_column(Integer)  # first step this attempt trained
+    first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise")
 

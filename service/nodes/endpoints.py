@@ -1,12 +1,21 @@
-"""/v1/nodes: the cluster as runyard sees it; heartbeats from the health agents."""
+"""/v1/nodes: the cluster as runyard sees it; heartbeats and events from the health agents."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.config import get_settings
 from service.db import SessionDep
 from service.nodes import repository, service
-from service.nodes.schemas import Heartbeat, NodeOut
+from service.nodes.schemas import (
+    EventBatch,
+    EventBatchAck,
+    Heartbeat,
+    NodeDetail,
+    NodeEventOut,
+    NodeOut,
+)
+from service.recovery.deps import ClassifierDep
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
@@ -17,7 +26,29 @@ def list_nodes(session: SessionDep) -> list[NodeOut]:
     return [NodeOut.model_validate(n) for n in repository.list_nodes(session)]
 
 
+@router.get("/{name}")
+def show_node(name: str, session: SessionDep) -> NodeDetail:
+    """One node with its recent history (state changes, Xids, heartbeats lost)."""
+    node = service.require_node(session, name)
+    events = [NodeEventOut.model_validate(e) for e in service.recent_events(session, name)]
+    return NodeDetail.model_validate(
+        {
+            **NodeOut.model_validate(node).model_dump(),
+            "num_app_errors": node.num_app_errors,
+            "events": events,
+        }
+    )
+
+
 @router.post("/{name}/heartbeat")
 def heartbeat(name: str, beat: Heartbeat, session: SessionDep) -> NodeOut:
     """A health agent says its node is alive."""
     return NodeOut.model_validate(service.record_heartbeat(session, name))
+
+
+@router.post("/{name}/events")
+def post_events(
+    name: str, batch: EventBatch, session: SessionDep, classifier: ClassifierDep
+) -> EventBatchAck:
+    """Signals an agent saw on its node; stored once each, classified, acted on."""
+    return service.ingest_events(session, name, batch, get_settings(), classifier)

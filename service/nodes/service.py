@@ -1,14 +1,20 @@
-"""Keep the nodes table in step with Slurm and the health agents."""
+"""Keep the nodes table in step with Slurm and the health agents; admin drain and resume."""
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.errors import NotFound
-from service.models import Node, NodeState
+from service.config import Settings
+from service.errors import Conflict, NotFound
+from service.models import Incident, Node, NodeEvent, NodeState, RecoveryAction
 from service.models.base import utcnow
 from service.nodes import repository
-from service.slurm.commands import SlurmNode
+from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.schemas import EventBatch, EventBatchAck
+from service.recovery.classification import Classifier
+from service.recovery.signals import ingest_node_event, open_incident
+from service.slurm.commands import DRAIN_PREFIX, SlurmNode
 
 
 def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str, str]) -> None:
@@ -17,16 +23,103 @@ def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str
     for sn in nodes:
         node = known.get(sn.name)
         if node is None:
-            node = Node(name=sn.name, state=NodeState.HEALTHY, state_reason="registered by Slurm")
+            node = Node(
+                name=sn.name,
+                state=NodeState.HEALTHY,
+                state_reason="registered by Slurm",
+                num_app_errors=0,
+            )
             session.add(node)
         node.slurm_state, node.slurm_reason = sn.state, sn.reason
         node.addr, node.num_gpus = sn.addr, sn.num_gpus
-        node.switch = switches.get(sn.name)
+        node.switch = switches.get(sn.name, node.switch)
+
+
+def require_node(session: Session, name: str, *, for_update: bool = False) -> Node:
+    node = repository.get_node(session, name, for_update=for_update)
+    if node is None:
+        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
+    return node
 
 
 def record_heartbeat(session: Session, name: str) -> Node:
-    node = repository.get_node(session, name, for_update=True)
-    if node is None:
-        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
+    node = require_node(session, name, for_update=True)
     node.last_heartbeat_at = utcnow()
     return node
+
+
+def ingest_events(
+    session: Session, name: str, batch: EventBatch, settings: Settings, classifier: Classifier
+) -> EventBatchAck:
+    node = require_node(session, name, for_update=True)
+    node.last_heartbeat_at = utcnow()  # an agent that reports is alive
+    accepted = 0
+    for event in batch.events:
+        accepted += ingest_node_event(
+            session,
+            node,
+            settings,
+            classifier,
+            idempotency_key=event.idempotency_key,
+            kind=event.kind,
+            code=event.code,
+            message=event.message,
+            observed_at=event.observed_at,
+            data=dict(event.data),
+        )
+    return EventBatchAck(accepted=accepted, duplicates=len(batch.events) - accepted)
+
+
+def recent_events(session: Session, name: str, limit: int = 100) -> list[NodeEvent]:
+    stmt = (
+        select(NodeEvent)
+        .where(NodeEvent.node_name == name)
+        .order_by(NodeEvent.id.desc())
+        .limit(limit)
+    )
+    return list(session.scalars(stmt).all())
+
+
+def request_drain(session: Session, name: str, reason: str) -> Incident | None:
+    """An admin drain is an incident like any other: its runs move to spares too."""
+    node = require_node(session, name, for_update=True)
+    if node.state in (NodeState.DRAINING, NodeState.DRAINED, NodeState.IN_REPAIR):
+        raise Conflict(
+            f"node {name} is already {node.state}; `runyard node resume {name}` "
+            "returns it to service"
+        )
+    return open_incident(
+        session,
+        kind="admin",
+        signal="admin:drain",
+        action=RecoveryAction.DRAIN_AND_MOVE,
+        node=name,
+        message=f"{name}: drained by an admin: {reason}",
+    )
+
+
+def check_resumable(node: Node, slurm_reason: str, force: bool) -> None:
+    """runyard resumes only what runyard drained, unless an admin forces it (as NHC does)."""
+    if slurm_reason and not slurm_reason.startswith(DRAIN_PREFIX) and not force:
+        raise Conflict(
+            f"node {node.name} was drained by someone else ({slurm_reason!r}); "
+            f"use `runyard node resume {node.name} --force` to override"
+        )
+
+
+def mark_resumed(session: Session, node: Node, forced: bool) -> None:
+    node.num_app_errors = 0
+    if node.state in (
+        NodeState.DRAINING,
+        NodeState.DRAINED,
+        NodeState.IN_REPAIR,
+        NodeState.SUSPECT,
+    ):
+        set_node_state(
+            session,
+            node,
+            NodeState.HEALTHY,
+            "resumed by an admin" + (" (forced)" if forced else ""),
+        )
+    else:
+        node_event(session, node, "node.resumed", "resumed in Slurm by an admin")

@@ -32,6 +32,7 @@ class Hardware:
     nvlink_bytes_per_s: float  # per GPU, both directions together (vendor convention)
     ib_bytes_per_s_per_gpu: float
     efa_bytes_per_s_per_node: float
+    num_sms: int  # streaming multiprocessors: one GEMM output tile each per wave
     gemm_efficiency: float  # achievable fraction of peak for large BF16 GEMMs (see below)
     attention_efficiency: float  # achievable fraction of BF16 peak for fused attention
 
@@ -64,10 +65,14 @@ HARDWARE: dict[str, Hardware] = {
         # DGX H100 user guide: eight ConnectX-7 NDR 400 Gb/s compute NICs, one per GPU.
         ib_bytes_per_s_per_gpu=400 * GBPS,
         efa_bytes_per_s_per_node=3200 * GBPS,  # AWS p5.48xlarge: 3,200 Gbps EFAv2
-        # An 8192^3 BF16 matmul ran at 769-798 TFLOP/s (0.78-0.81 of peak) on the GH100
-        # chip measured here (.library/device KINDS.md, H200 = same compute as H100 SXM);
-        # sustained training draws full board power and clocks sit lower, so 0.75.
-        gemm_efficiency=0.75,
+        num_sms=132,  # NVIDIA H100 architecture whitepaper: 132 SMs on H100 SXM5
+        # An 8192^3 BF16 matmul ran at 769-798 TFLOP/s (0.78-0.81 of peak) over ten
+        # back-to-back products on the GH100 chip measured in this workplace (device
+        # KINDS.md; H200 has the H100 SXM's compute). The same product on zeros ran 13 %
+        # faster: the chip is power-bound, not arithmetic-bound. A node training for hours
+        # sits at its 700 W limit with NVLink, HBM and NICs also drawing, so the clock
+        # settles ~15-20 % lower still: 0.79 x 0.82 ~ 0.65 sustained.
+        gemm_efficiency=0.65,
         # FlashAttention-3 (Shah et al. 2024): BF16 forward up to 740 TFLOP/s (75 %) on
         # H100, backward markedly lower; FA2 on H100 reaches ~35-50 %. Midpoint: 0.5.
         attention_efficiency=0.5,
@@ -82,7 +87,8 @@ HARDWARE: dict[str, Hardware] = {
         nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
         ib_bytes_per_s_per_gpu=400 * GBPS,  # DGX H200: ConnectX-7 400 Gb/s per GPU
         efa_bytes_per_s_per_node=3200 * GBPS,  # AWS p5e.48xlarge: 3,200 Gbps EFA
-        gemm_efficiency=0.75,  # same chip and power limit as H100 SXM (see above)
+        num_sms=132,  # same GH100 configuration as H100 SXM
+        gemm_efficiency=0.65,  # same chip and power limit as H100 SXM (see above)
         attention_efficiency=0.5,
     ),
     "a100-80gb": Hardware(
@@ -96,10 +102,12 @@ HARDWARE: dict[str, Hardware] = {
         # DGX A100 user guide: eight ConnectX-6 HDR 200 Gb/s compute NICs, one per GPU.
         ib_bytes_per_s_per_gpu=200 * GBPS,
         efa_bytes_per_s_per_node=400 * GBPS,  # AWS p4d.24xlarge: 400 Gbps EFA
-        # A100 sustains a larger share of its (lower) peak in big GEMMs: Narayanan et al.
-        # 2021 (Megatron-LM, SC21) report 163-180 TFLOP/s end to end incl. communication
-        # and the bubble; cuBLAS BF16 GEMMs reach ~80 % of 312.
-        gemm_efficiency=0.80,
+        num_sms=108,  # NVIDIA A100 architecture whitepaper: 108 SMs
+        # cuBLAS BF16 GEMMs burst to ~80 % of 312; at its 400 W limit A100 throttles less
+        # than H100. Narayanan et al. 2021 (Megatron-LM, SC21, Table 1) sustain 52 % of
+        # peak end to end on 3,072 GPUs after ~20 % of bubble and communication, which
+        # puts the layers' own GEMMs near 0.52 / 0.77 ~ 0.68.
+        gemm_efficiency=0.68,
         # FlashAttention-2 (Dao 2023): 50-73 % of peak forward, lower backward, on A100.
         attention_efficiency=0.55,
     ),

@@ -24,6 +24,7 @@ class Reason(StrEnum):
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+PINNABLE = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "recompute", "vp")
 PRECISIONS = ("bf16", "fp8")
 
 
@@ -60,6 +61,69 @@ class Layout:
         return min(num_layers, per_virtual_stage * self.vp)
 
 
+def check_degrees(
+    model: ModelShape,
+    hardware: Hardware,
+    seq_len: int,
+    gpus_per_node: int,
+    precision: str,
+    tp: int,
+    cp: int,
+    pp: int,
+) -> tuple[Reason, str] | None:
+    """The checks that depend on the degrees alone (the search prunes whole blocks on them)."""
+    if model.kv_heads % tp or model.heads % tp:
+        return Reason.INDIVISIBLE, f"tp ({tp}) must divide kv_heads ({model.kv_heads})"
+    if model.ffn % tp:
+        return Reason.INDIVISIBLE, f"tp ({tp}) must divide ffn ({model.ffn})"
+    if seq_len % (2 * cp) or (seq_len // cp) % tp:
+        return Reason.INDIVISIBLE, (
+            f"seq_len ({seq_len}) must split into 2 x cp ({2 * cp}) chunks "
+            f"whose length divides by tp ({tp})"
+        )
+    if pp > model.layers:
+        return Reason.INDIVISIBLE, f"pp ({pp}) exceeds the model's {model.layers} layers"
+    if tp > gpus_per_node:
+        return Reason.UNSUPPORTED, (
+            f"tp ({tp}) must stay inside one node's NVLink domain ({gpus_per_node} GPUs)"
+        )
+    if precision == "fp8" and hardware.peak_fp8_flops is None:
+        return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
+    return None
+
+
+def check_schedule(
+    model: ModelShape,
+    global_batch_seqs: int,
+    dp: int,
+    pp: int,
+    vp: int,
+    micro_batch_size: int,
+    zero_stage: int,
+) -> tuple[Reason, str] | None:
+    """The checks on batching, the pipeline schedule and sharding."""
+    if pp * vp > model.layers:
+        return Reason.INDIVISIBLE, (
+            f"pp x vp ({pp * vp}) exceeds the model's {model.layers} layers"
+        )
+    if global_batch_seqs % (dp * micro_batch_size):
+        return Reason.INDIVISIBLE, (
+            f"dp x micro_batch_size ({dp * micro_batch_size}) must divide "
+            f"the global batch of {global_batch_seqs} sequences"
+        )
+    grad_accum = global_batch_seqs // (dp * micro_batch_size)
+    if vp > 1 and (pp == 1 or grad_accum % pp):
+        return Reason.INDIVISIBLE, (
+            f"vp ({vp}) needs pp > 1 and micro batches ({grad_accum}) divisible by pp ({pp})"
+        )
+    if zero_stage == 3 and pp > 1:
+        return Reason.UNSUPPORTED, (
+            "zero_stage 3 with pp > 1 keeps parameters gathered across micro batches; "
+            "use zero_stage 1 or 2"
+        )
+    return None
+
+
 def check_layout(
     layout: Layout,
     model: ModelShape,
@@ -69,39 +133,21 @@ def check_layout(
     gpus_per_node: int,
 ) -> tuple[Reason, str] | None:
     """None if the layout can run, else the reason class and a sentence naming the field."""
-    t, cp = layout.tp, layout.cp
-    if model.kv_heads % t or model.heads % t:
-        return Reason.INDIVISIBLE, f"tp ({t}) must divide kv_heads ({model.kv_heads})"
-    if model.ffn % t:
-        return Reason.INDIVISIBLE, f"tp ({t}) must divide ffn ({model.ffn})"
-    if seq_len % (2 * cp) or (seq_len // cp) % t:
-        return Reason.INDIVISIBLE, (
-            f"seq_len ({seq_len}) must split into 2 x cp ({2 * cp}) chunks "
-            f"whose length divides by tp ({t})"
-        )
-    if layout.pp * layout.vp > model.layers:
-        return Reason.INDIVISIBLE, (
-            f"pp x vp ({layout.pp * layout.vp}) exceeds the model's {model.layers} layers"
-        )
-    if global_batch_seqs % (layout.dp * layout.micro_batch_size):
-        return Reason.INDIVISIBLE, (
-            f"dp x micro_batch_size ({layout.dp * layout.micro_batch_size}) must divide "
-            f"the global batch of {global_batch_seqs} sequences"
-        )
-    grad_accum = layout.grad_accum(global_batch_seqs)
-    if layout.vp > 1 and (layout.pp == 1 or grad_accum % layout.pp):
-        return Reason.INDIVISIBLE, (
-            f"vp ({layout.vp}) needs pp > 1 and micro batches ({grad_accum}) divisible by pp"
-        )
-    if t > gpus_per_node:
-        return Reason.UNSUPPORTED, (
-            f"tp ({t}) must stay inside one node's NVLink domain ({gpus_per_node} GPUs)"
-        )
-    if layout.precision == "fp8" and hardware.peak_fp8_flops is None:
-        return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
-    if layout.zero_stage == 3 and layout.pp > 1:
-        return Reason.UNSUPPORTED, (
-            "zero_stage 3 with pp > 1 keeps parameters gathered across micro batches; "
-            "use zero_stage 1 or 2"
-        )
-    return None
+    return check_degrees(
+        model,
+        hardware,
+        seq_len,
+        gpus_per_node,
+        layout.precision,
+        layout.tp,
+        layout.cp,
+        layout.pp,
+    ) or check_schedule(
+        model,
+        global_batch_seqs,
+        layout.dp,
+        layout.pp,
+        layout.vp,
+        layout.micro_batch_size,
+        layout.zero_stage,
+    )

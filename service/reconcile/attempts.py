@@ -15,15 +15,21 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.db import session_scope
-from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
+from service.errors import InvalidSpec
+from service.models import Attempt, AttemptState, CheckpointState, Node, NodeState, Run, RunState
 from service.models.base import utcnow
+from service.recovery import timeline
+from service.recovery.restart import end_attempt_and_restart
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
+from service.runs.service import resolve
 from service.slurm import commands
 from service.slurm.commands import JobStatus, SlurmError
+from service.slurm.placement import choose_nodes
+from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
+from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt
-from worker.config import ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +41,95 @@ def _request(run: Run, attempt: Attempt) -> AttemptRequest:
         attempt_id=attempt.id,
         job_name=attempt.job_name,
         job_folder=Path(attempt.job_folder),
-        num_nodes=run.num_nodes,
+        num_nodes=len(run.nodes),
         ranks_per_node=run.gpus_per_node,
         time_limit_min=spec.time_limit_min,
+        nodelist=",".join(run.nodes),
+        reservation=run.reservation,
     )
 
 
-def submit_pending(settings: Settings) -> None:
-    """Give every PENDING run without a live attempt a new one, and submit it."""
+def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
+    """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
+    with session_scope() as session:
+        runs = [
+            r
+            for r in repository.runs_in_states(session, [RunState.PENDING])
+            if repository.live_attempt(r) is None and len(r.nodes) < r.num_nodes
+        ]
+        if not runs:
+            return
+        nodes = {n.name: n for n in session.query(Node).all()}
+        taken: set[str] = set()
+        for run in runs:
+            run = repository.get_run(session, run.id, for_update=True) or run
+            need = run.num_nodes - len(run.nodes)
+            kept_switches = {nodes[n].switch for n in run.nodes if n in nodes}
+            free = [
+                (n.name, n.switch)
+                for n in nodes.values()
+                if n.state == NodeState.HEALTHY
+                and snapshot.is_free(n.name)
+                and n.name not in taken
+                and n.name not in run.nodes
+            ]
+            # Prefer free nodes on the switches the run already sits on.
+            near = [f for f in free if f[1] in kept_switches]
+            chosen = choose_nodes(near, need) if len(near) >= need else choose_nodes(free, need)
+            if chosen is None:
+                _wait_for_nodes(session, run, need, len(free))
+                continue
+            taken.update(chosen)
+            run.nodes = [*run.nodes, *chosen]
+            run.reservation = run_reservation(settings.slurm_job_prefix, run.id)
+            record_event(
+                session,
+                run,
+                "run.placed",
+                f"nodes {', '.join(run.nodes)}",
+                data={
+                    "nodes": run.nodes,
+                    "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
+                },
+            )
+
+
+def _wait_for_nodes(session: Session, run: Run, need: int, free: int) -> None:
+    if run.min_nodes and run.nodes and run.min_nodes <= len(run.nodes):
+        # The run allows fewer nodes and checkpoints reshard: continue on what is left.
+        spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
+        try:
+            _, layout = resolve(spec)
+        except InvalidSpec as exc:
+            reason = f"cannot shrink to {len(run.nodes)} nodes ({exc.detail}); waiting"
+        else:
+            old = run.num_nodes
+            run.num_nodes = len(run.nodes)
+            run.config = {**run.config, "layout": layout.model_dump(mode="json")}
+            record_event(
+                session,
+                run,
+                "run.shrunk",
+                f"no node to replace a failed one: continuing on {run.num_nodes} "
+                f"nodes instead of {old} (min_nodes {run.min_nodes}), "
+                f"dp {layout.dp}",
+                data={"layout": run.config["layout"]},
+            )
+            return
+    else:
+        reason = f"waiting for {need} free healthy node(s); {free} free now"
+    if run.state_reason != reason:
+        run.state_reason = reason
+        record_event(session, run, "run.waiting", reason)
+
+
+def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
+    """Give every placed PENDING run without a live attempt a new one, and submit it."""
     todo: list[AttemptRequest] = []
     with session_scope() as session:
         for run in repository.runs_in_states(session, [RunState.PENDING]):
+            if len(run.nodes) < run.num_nodes:
+                continue
             attempt = repository.live_attempt(run)
             if attempt is None:
                 attempt = _new_attempt(session, run, settings)
@@ -58,6 +142,8 @@ def submit_pending(settings: Settings) -> None:
     orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
     for req in todo:
         try:
+            if req.reservation:
+                ensure_reservation(req.reservation, req.nodelist.split(","), snapshot.reservations)
             job_id = orphans.get(req.job_name) or submit_attempt(req, settings)
         except SlurmError as exc:
             _submission_failed(req, str(exc))
@@ -69,8 +155,13 @@ def submit_pending(settings: Settings) -> None:
                 continue
             attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
             set_attempt_state(
-                session, owner, attempt, AttemptState.PENDING, f"Slurm job {job_id} queued"
+                session,
+                owner,
+                attempt,
+                AttemptState.PENDING,
+                f"Slurm job {job_id} queued on {req.nodelist}",
             )
+            timeline.attempt_submitted(session, owner.id)
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 
@@ -83,7 +174,7 @@ def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
         state=AttemptState.SUBMITTING,
         job_name="",
         job_folder="",
-        nodes=[],
+        nodes=list(run.nodes),
         resume_step=newest.step if newest else None,
     )
     session.add(attempt)
@@ -97,7 +188,7 @@ def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
         "attempt.submitting",
         f"attempt {number}: submitting, {resume}",
         attempt,
-        {"resume_step": attempt.resume_step},
+        {"resume_step": attempt.resume_step, "nodes": run.nodes},
     )
     session.flush()
     return attempt
@@ -116,20 +207,17 @@ def _submission_failed(req: AttemptRequest, reason: str) -> None:
 def stop_cancelling() -> None:
     """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
     with session_scope() as session:
-        targets = [
-            (run.id, a.id, a.slurm_job_id)
-            for run in repository.runs_in_states(session, [RunState.CANCELLING])
-            for a in run.attempts
-            if not a.state.is_terminal
-        ]
-        cancelling_runs = [r.id for r in repository.runs_in_states(session, [RunState.CANCELLING])]
-    job_ids = [job for _, _, job in targets if job]
+        runs = repository.runs_in_states(session, [RunState.CANCELLING])
+        targets = {
+            r.id: [a.slurm_job_id for a in r.attempts if not a.state.is_terminal and a.slurm_job_id]
+            for r in runs
+        }
+    job_ids = [job for jobs in targets.values() for job in jobs]
     for job in job_ids:
         commands.scancel(job)
     still_live = commands.squeue(job_ids)
-    for run_id in cancelling_runs:
-        mine = [t for t in targets if t[0] == run_id]
-        if any(job in still_live and still_live[job].is_live for _, _, job in mine if job):
+    for run_id, jobs in targets.items():
+        if any(job in still_live and still_live[job].is_live for job in jobs):
             continue
         with session_scope() as session:
             run = repository.get_run(session, run_id, for_update=True)
@@ -141,6 +229,26 @@ def stop_cancelling() -> None:
                         session, run, attempt, AttemptState.CANCELLED, "cancelled by the user"
                     )
             set_run_state(session, run, RunState.CANCELLED, "cancelled by the user")
+
+
+def release_ended_runs(snapshot: ClusterSnapshot) -> None:
+    """Delete the reservation of every run that ended, giving its nodes back."""
+    with session_scope() as session:
+        ended = [
+            (r.id, r.reservation)
+            for r in repository.runs_in_states(
+                session, [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED]
+            )
+            if r.reservation
+        ]
+    for run_id, name in ended:
+        assert name is not None
+        delete_reservation(name, snapshot.reservations)
+        with session_scope() as session:
+            run = repository.get_run(session, run_id, for_update=True)
+            if run is not None:
+                run.reservation = None
+                record_event(session, run, "run.released", f"nodes released ({name})")
 
 
 @dataclass(frozen=True)
@@ -187,6 +295,7 @@ def _apply(session: Session, obs: _Observed) -> None:
     if status is not None and status.is_live:
         if status.state == "RUNNING" and attempt.state == AttemptState.PENDING:
             set_attempt_state(session, run, attempt, AttemptState.RUNNING, f"on {status.node_list}")
+            timeline.attempt_running(session, run.id)
         if status.state == "RUNNING" and run.state == RunState.PENDING:
             set_run_state(
                 session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt
@@ -225,29 +334,4 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     reason += f" with exit code {exit_code}" if exit_code is not None else ""
     if run.final_step is None and slurm_state == "COMPLETED":
         reason += " before the worker reported its final step"
-    set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
-    if exit_code == ExitCode.DO_NOT_RETRY:
-        set_run_state(
-            session,
-            run,
-            RunState.FAILED,
-            f"{reason}: the worker refused to retry (bad spec or code bug)",
-            attempt,
-        )
-    elif run.num_restarts < run.max_restarts:
-        run.num_restarts += 1
-        set_run_state(
-            session,
-            run,
-            RunState.PENDING,
-            f"{reason}; restart {run.num_restarts} of {run.max_restarts}",
-            attempt,
-        )
-    else:
-        set_run_state(
-            session,
-            run,
-            RunState.FAILED,
-            f"{reason}; no restarts left ({run.max_restarts} allowed)",
-            attempt,
-        )
+    end_attempt_and_restart(session, run, attempt, reason, hardware=False, exit_code=exit_code)

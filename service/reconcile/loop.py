@@ -1,36 +1,73 @@
-"""The background reconcile loop: one per database, guarded by a Postgres advisory lock."""
+"""The background reconcile loop: one per database, guarded by a Postgres advisory lock.
+
+Each tick reads the cluster once (outside any transaction), then runs the steps in an order
+that matters: recover from failures before restarting anything, keep the spare pool full
+before placing runs, place before submitting.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy import text
 
 from service.config import Settings
 from service.db import get_engine, session_scope
+from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.reconcile import attempts
+from service.recovery.classification import Classifier
+from service.recovery.hangs import check_hangs
+from service.recovery.health import check_nodes
+from service.recovery.incidents import process_incidents
+from service.recovery.spares import maintain_spares
 from service.slurm import commands
+from service.slurm.snapshot import ClusterSnapshot, take_snapshot
 
 log = logging.getLogger(__name__)
 
 ADVISORY_LOCK_KEY = 0x72756E79  # "runy": only one reconciler acts on a database at a time
-NODE_SYNC_EVERY_S = 5.0
+TOPOLOGY_EVERY_S = 30.0
 
 
-def sync_nodes() -> None:
-    nodes, switches = commands.show_nodes(), commands.node_switches()
-    with session_scope() as session:
-        sync_from_slurm(session, nodes, switches)
+class Reconciler:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.classifier = Classifier.from_file(settings.classification_file)
+        self.started_at: datetime = utcnow()
+        self._switches: dict[str, str] = {}
+        self._switches_read = 0.0
 
+    def sync_nodes(self, snapshot: ClusterSnapshot) -> None:
+        if time.monotonic() - self._switches_read > TOPOLOGY_EVERY_S or not self._switches:
+            self._switches, self._switches_read = commands.node_switches(), time.monotonic()
+        with session_scope() as session:
+            sync_from_slurm(session, list(snapshot.nodes.values()), self._switches)
 
-def tick(settings: Settings) -> None:
-    """One pass over everything that may need action."""
-    attempts.submit_pending(settings)
-    attempts.stop_cancelling()
-    attempts.poll_attempts()
+    def tick(self) -> None:
+        """One pass over everything that may need action."""
+        snapshot = take_snapshot()
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("sync nodes", lambda: self.sync_nodes(snapshot)),
+            ("incidents", lambda: process_incidents(self.settings)),
+            ("node health", lambda: check_nodes(self.settings, snapshot)),
+            ("hangs", lambda: check_hangs(self.settings, self.started_at)),
+            ("spares", lambda: maintain_spares(self.settings, snapshot)),
+            ("placement", lambda: attempts.place_pending(self.settings, snapshot)),
+            ("submission", lambda: attempts.submit_pending(self.settings, snapshot)),
+            ("cancellation", attempts.stop_cancelling),
+            ("job states", attempts.poll_attempts),
+            ("release", lambda: attempts.release_ended_runs(snapshot)),
+        ]
+        for name, step in steps:
+            try:
+                step()
+            except Exception:  # one failing step must not stop the others
+                log.exception("reconcile step '%s' failed; retrying next tick", name)
 
 
 def run_forever(settings: Settings, stop: threading.Event) -> None:
@@ -47,14 +84,11 @@ def run_forever(settings: Settings, stop: threading.Event) -> None:
         log.info(
             "reconciler holds the lock; reconciling every %.1f s", settings.reconcile_interval_s
         )
-        last_node_sync = 0.0
+        reconciler = Reconciler(settings)
         while not stop.is_set():
             started = time.monotonic()
             try:
-                if started - last_node_sync >= NODE_SYNC_EVERY_S:
-                    sync_nodes()
-                    last_node_sync = started
-                tick(settings)
-            except Exception:  # one bad tick must not stop recovery for every other run
+                reconciler.tick()
+            except Exception:  # e.g. Slurm unreachable for the snapshot
                 log.exception("reconcile tick failed; retrying next tick")
             stop.wait(max(0.0, settings.reconcile_interval_s - (time.monotonic() - started)))

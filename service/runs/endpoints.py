@@ -18,7 +18,7 @@ from service.runs.schemas import (
     RunOut,
     RunSpec,
 )
-from service.runs.service import cancel_run, create_run, require_run, run_out
+from service.runs.service import cancel_run, create_run, require_run, run_goodput, run_out
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -44,7 +44,8 @@ def list_runs(
 @router.get("/{run_id}")
 def show_run(run_id: int, session: SessionDep) -> RunOut:
     """One run with its attempts."""
-    return run_out(require_run(session, run_id))
+    run = require_run(session, run_id)
+    return run_out(run, run_goodput(session, run))
 
 
 @router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)

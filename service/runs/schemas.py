@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.models import AttemptState, CheckpointState, RunState
+from service.runs.goodput import Goodput
 from worker.config import ModelShape, Precision, Recompute
 
 
@@ -56,6 +57,13 @@ class RunSpec(_Spec):
         description="'builtin' (the stdlib byte corpus) or a folder of token shards.",
     )
     parallelism: Literal["auto"] | ParallelismSpec = Field(default="auto")
+    min_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1280,
+        description="Without a spare the run may continue on this many nodes (checkpoints "
+        "reshard); None: wait for a replacement.",
+    )
     max_restarts: int | None = Field(
         default=None, ge=0, le=100, description="Automatic re-submissions after a failure."
     )
@@ -63,6 +71,12 @@ class RunSpec(_Spec):
     time_limit_min: int = Field(
         default=60 * 24, ge=1, le=60 * 24 * 365, description="Slurm time limit per attempt."
     )
+
+    @model_validator(mode="after")
+    def _min_nodes_fit(self) -> RunSpec:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must not exceed nodes ({self.nodes})")
+        return self
 
 
 class AttemptOut(BaseModel):
@@ -81,6 +95,8 @@ class AttemptOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     last_heartbeat_at: datetime | None
+    first_step: int | None = None
+    first_step_at: datetime | None = None
 
 
 class RunOut(BaseModel):
@@ -103,7 +119,10 @@ class RunOut(BaseModel):
     ended_at: datetime | None
     layout: dict[str, Any] = Field(description="The resolved parallel layout.")
     spec: dict[str, Any]
+    nodes: list[str] = Field(default_factory=list, description="Nodes the run holds now.")
+    num_hardware_restarts: int = 0
     attempts: list[AttemptOut] = Field(default_factory=list)
+    goodput: Goodput | None = Field(default=None, description="Only on GET /v1/runs/{id}.")
 
 
 class RunList(BaseModel):

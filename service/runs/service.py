@@ -10,6 +10,7 @@ from service.models import Attempt, Run, RunState
 from service.planner.presets import MODEL_PRESETS
 from service.planner.resolve import LayoutError, resolve_layout
 from service.runs import repository
+from service.runs.goodput import Goodput, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, RunOut, RunSpec
 from worker.config import ModelShape, ParallelLayout, ResumePoint, WorkerRunConfig
@@ -59,6 +60,7 @@ def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
         config={"model": shape.model_dump(mode="json"), "layout": layout.model_dump(mode="json")},
         num_nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
+        min_nodes=spec.min_nodes,
         max_restarts=(
             spec.max_restarts if spec.max_restarts is not None else settings.default_max_restarts
         ),
@@ -97,7 +99,7 @@ def cancel_run(session: Session, run_id: int) -> Run:
     return run
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
     return RunOut(
         id=run.id,
         name=run.name,
@@ -116,6 +118,9 @@ def run_out(run: Run) -> RunOut:
         ended_at=run.ended_at,
         layout=run.config["layout"],
         spec=run.spec,
+        nodes=run.nodes,
+        num_hardware_restarts=run.num_hardware_restarts,
+        goodput=goodput,
         attempts=[AttemptOut.model_validate(a) for a in run.attempts],
     )
 
@@ -144,4 +149,13 @@ def worker_config(
         data=spec.data,
         data_cache_dir=str(settings.data_cache_dir),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
+    )
+
+
+def run_goodput(session: Session, run: Run) -> Goodput:
+    return compute_goodput(
+        run,
+        run.attempts,
+        repository.metrics(session, run.id, after_step=-1, limit=10_000_000),
+        repository.checkpoints(session, run.id),
     )

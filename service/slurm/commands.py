@@ -189,3 +189,16 @@ def node_switches() -> dict[str, str]:
             for node in expand_hostlist(f["Nodes"]):
                 leaf_of[node] = f["SwitchName"]
     return leaf_of
+
+
+DRAIN_PREFIX = "runyard:"  # only nodes whose drain reason carries it are ours to resume
+
+
+def drain_node(name: str, reason: str) -> None:
+    """Drain `name` so Slurm schedules nothing new on it; the reason shows in `sinfo -R`."""
+    text = reason if reason.startswith(DRAIN_PREFIX) else f"{DRAIN_PREFIX} {reason}"
+    run_slurm(["scontrol", "update", f"nodename={name}", "state=drain", f"reason={text[:200]}"])
+
+
+def resume_node(name: str) -> None:
+    run_slurm(["scontrol", "update", f"nodename={name}", "state=resume"])

@@ -25,7 +25,8 @@ class AttemptRequest:
     num_nodes: int
     ranks_per_node: int
     time_limit_min: int
-    nodelist: str | None = None
+    nodelist: str = ""
+    reservation: str | None = None
 
 
 def job_name(prefix: str, run_id: int, attempt_id: int) -> str:
@@ -49,6 +50,9 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
     }
     if req.nodelist:
         params["nodelist"] = req.nodelist
+    if req.reservation:
+        # The run's own reservation keeps its nodes between attempts (see reservations.py).
+        params["additional_parameters"] = {"reservation": req.reservation}
     return params
 
 

@@ -9,7 +9,13 @@ from service.db import SessionDep
 from service.runs.schemas import CheckpointOut
 from service.runs.service import worker_config
 from service.workers import service
-from service.workers.schemas import CheckpointReport, FinishReport, ProgressAck, ProgressReport
+from service.workers.schemas import (
+    CheckpointReport,
+    ErrorReport,
+    FinishReport,
+    ProgressAck,
+    ProgressReport,
+)
 from worker.config import WorkerRunConfig
 
 router = APIRouter(prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"])
@@ -42,3 +48,9 @@ def report_finish(attempt_id: int, report: FinishReport, session: SessionDep) ->
     """The last step and its checkpoint are done: the run may succeed when the job ends."""
     run = service.record_finish(session, attempt_id, report)
     return {"run_id": run.id, "final_step": report.final_step}
+
+
+@router.post("/errors", status_code=204)
+def report_error(attempt_id: int, report: ErrorReport, session: SessionDep) -> None:
+    """A rank caught a collective failure; recorded before the rank exits."""
+    service.record_error(session, attempt_id, report)

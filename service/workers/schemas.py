@@ -42,3 +42,17 @@ class CheckpointReport(_In):
 class FinishReport(_In):
     final_step: int = Field(ge=0)
     final_checkpoint_step: int | None = Field(default=None, ge=0)
+
+
+class ErrorReport(_In):
+    """A collective failure a rank caught (NCCL watchdog, ncclRemoteError, gloo reset...)."""
+
+    rank: int = Field(ge=0)
+    node: str = Field(default="", max_length=64)
+    kind: str = Field(
+        pattern=r"^nccl:[a-z_]+$",
+        max_length=48,
+        description="nccl:watchdog_timeout, nccl:remote_error, nccl:system_error, "
+        "nccl:internal_error, nccl:connection_reset",
+    )
+    message: str = Field(default="", max_length=4000)

@@ -5,12 +5,28 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict, NotFound
-from service.models import Attempt, AttemptState, Checkpoint, CheckpointState, Metric, Run, RunState
+from service.models import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    CheckpointState,
+    Metric,
+    NodeEvent,
+    Run,
+    RunState,
+)
 from service.models.base import utcnow
+from service.nodes import repository as nodes_repo
+from service.recovery import timeline
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.workers.schemas import CheckpointReport, FinishReport, ProgressReport
+from service.workers.schemas import (
+    CheckpointReport,
+    ErrorReport,
+    FinishReport,
+    ProgressReport,
+)
 
 
 def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:
@@ -29,6 +45,7 @@ def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
     """A rank that reports is proof the allocation runs, even before squeue says so."""
     if attempt.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
         set_attempt_state(session, run, attempt, AttemptState.RUNNING)
+        timeline.attempt_running(session, run.id)
     if run.state == RunState.PENDING:
         set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt)
 
@@ -54,6 +71,11 @@ def record_progress(
         last = max(report.metrics, key=lambda m: m.step)
         run.last_step, run.last_loss = last.step, last.loss
         run.tokens_per_s = last.tokens_per_s
+        run.last_progress_at = utcnow()
+        if attempt.first_step is None:
+            attempt.first_step = min(m.step for m in report.metrics)
+            attempt.first_step_at = utcnow()
+            timeline.first_step(session, run.id, attempt.first_step)
     return run, attempt
 
 
@@ -119,3 +141,31 @@ def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Ru
         report.model_dump(),
     )
     return run
+
+
+def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None:
+    """Keep what the rank saw on the run's timeline and the node's history.
+
+    The restart itself follows from the job ending (the rank exits after reporting): this
+    only makes the cause visible, and never drains the node on its own.
+    """
+    attempt, run = live_attempt_and_run(session, attempt_id)
+    record_event(
+        session,
+        run,
+        "worker.error",
+        f"rank {report.rank} on {report.node or '?'}: {report.kind}: {report.message[:300]}",
+        attempt,
+        report.model_dump(),
+    )
+    node = nodes_repo.get_node(session, report.node) if report.node else None
+    if node is not None:
+        session.add(
+            NodeEvent(
+                node_name=node.name,
+                kind=report.kind,
+                action="RESTART",
+                message=f"run {run.id} rank {report.rank}: {report.message}"[:4000],
+                data={"run_id": run.id, "attempt_id": attempt.id},
+            )
+        )

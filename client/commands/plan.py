@@ -1,0 +1,122 @@
+"""`runyard plan`: the best layout for a model on N GPUs, computed locally (no service).
+
+The planner is pure Python, so this command imports it directly: it works on a laptop
+with no service running and prints exactly what the service would decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+
+from client.output import Exit, console, fail, print_json, print_table
+from service.planner.plan import PlanError, plan as plan_run
+from service.planner.presets import MODEL_PRESETS
+from worker.config import ModelShape
+
+SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp")
+
+
+def model_shape(model: str | None, overrides: dict[str, Any]) -> ModelShape:
+    """A preset, an explicit shape, or a preset with some fields replaced."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if model is not None:
+        if model not in MODEL_PRESETS:
+            fail(f"unknown model {model!r}; known: {', '.join(MODEL_PRESETS)} "
+                 "(or give --layers --hidden --heads --ffn --vocab)", Exit.USAGE)
+        base = MODEL_PRESETS[model].model_dump()
+    else:
+        missing = [f"--{k}" for k in ("layers", "hidden", "heads", "ffn", "vocab")
+                   if k not in given]
+        if missing:
+            fail(f"give --model or a full shape (missing {' '.join(missing)})", Exit.USAGE)
+        base = {"kv_heads": given["heads"]}
+    try:
+        return ModelShape(**{**base, **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"model shape: {first['msg']}", Exit.USAGE)
+
+
+def plan(
+    model: str | None = typer.Option(None, help=f"Preset: {', '.join(MODEL_PRESETS)}."),
+    gpus: int = typer.Option(..., help="GPUs for the run."),
+    seq: int = typer.Option(..., help="Tokens per sequence."),
+    global_batch_tokens: int = typer.Option(..., help="Tokens per optimizer step."),
+    precision: str = typer.Option("bf16", help="bf16 or fp8."),
+    hardware: str = typer.Option("h100-sxm", help="h100-sxm, h200 or a100-80gb."),
+    network: str = typer.Option("ib", help="ib or efa."),
+    gpus_per_node: int = typer.Option(8, help="GPUs per node (one NVLink domain)."),
+    dp: int | None = typer.Option(None, help="Pin data-parallel degree."),
+    tp: int | None = typer.Option(None, help="Pin tensor-parallel degree."),
+    pp: int | None = typer.Option(None, help="Pin pipeline stages."),
+    cp: int | None = typer.Option(None, help="Pin context-parallel degree."),
+    zero: int | None = typer.Option(None, help="Pin ZeRO stage (0-3)."),
+    micro_batch: int | None = typer.Option(None, help="Pin micro batch size."),
+    recompute: str | None = typer.Option(None, help="Pin none, selective or full."),
+    vp: int | None = typer.Option(None, help="Pin virtual stages per pipeline rank."),
+    layers: int | None = typer.Option(None, help="Shape: transformer blocks."),
+    hidden: int | None = typer.Option(None, help="Shape: model width."),
+    heads: int | None = typer.Option(None, help="Shape: query heads."),
+    kv_heads: int | None = typer.Option(None, help="Shape: key/value heads (default: heads)."),
+    ffn: int | None = typer.Option(None, help="Shape: MLP inner width."),
+    vocab: int | None = typer.Option(None, help="Shape: vocabulary size."),
+    mlp: str | None = typer.Option(None, help="Shape: swiglu or gelu."),
+    json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+) -> None:
+    """Plan a run: the fastest layout that fits, its memory, speed and failure budget."""
+    if mlp is not None and mlp not in ("swiglu", "gelu"):
+        fail(f"--mlp must be swiglu or gelu, not {mlp!r}", Exit.USAGE)
+    shape = model_shape(model, dict(zip(SHAPE_FIELDS, (layers, hidden, heads, kv_heads, ffn,
+                                                       vocab, mlp), strict=True)))
+    pinned = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
+              "micro_batch_size": micro_batch, "recompute": recompute, "vp": vp}
+    try:
+        result = plan_run(shape, hardware, gpus, seq, global_batch_tokens, precision, network,
+                          pinned, gpus_per_node).model_dump()
+    except PlanError as exc:
+        fail(f"{exc.field}: {exc.message}", Exit.ERROR if exc.advice else Exit.USAGE)
+    if json:
+        return print_json(result)
+    print_plan(result)
+
+
+def _layout_text(layout: dict[str, Any]) -> str:
+    return (f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
+            f"vp={layout['vp']} zero={layout['zero_stage']} mb={layout['micro_batch_size']} "
+            f"accum={layout['grad_accum']} recompute={layout['recompute']} "
+            f"{layout['precision']}")
+
+
+def print_plan(result: dict[str, Any]) -> None:
+    """The plan for people: the best layout, its numbers, the runners-up, the rejections."""
+    mem, ckpt = result["memory_gib_per_gpu"], result["checkpoint"]
+    console.print(f"[bold]best[/bold] {_layout_text(result['layout'])}", highlight=False)
+    console.print(
+        f"step {result['step_time_s']:.2f} s  {result['tokens_per_s']:,.0f} tok/s "
+        f"({result['tokens_per_s_per_gpu']:,.0f} per GPU)  MFU {result['mfu']:.1%}  "
+        f"{result['tflops_per_gpu']:.0f} TFLOP/s per GPU", highlight=False)
+    console.print(
+        f"memory {mem['total']:.1f} of {mem['capacity']:.1f} GiB per GPU: params "
+        f"{mem['params']:.1f}, grads {mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, "
+        f"activations {mem['activations']:.1f}, overhead {mem['overhead']:.1f}",
+        highlight=False)
+    parts = ", ".join(f"{k.removesuffix('_s')} {v:.2f}"
+                      for k, v in result["step_breakdown_s"].items() if v >= 0.005)
+    console.print(f"step time: {parts}", highlight=False)
+    console.print(
+        f"failures: one every {result['mtbi_h']:.1f} h; checkpoint {ckpt['size_gib']:,.0f} GiB "
+        f"written in {ckpt['write_s']:.1f} s every {ckpt['interval_steps']} steps "
+        f"({ckpt['interval_s'] / 60:.1f} min); goodput {result['goodput']:.1%}; "
+        f"{result['spare_nodes']} spare nodes", highlight=False)
+    print_table("runners-up", ["LAYOUT", "STEP S", "TOK/S", "MFU", "GIB/GPU"], [
+        (_layout_text(r["layout"]), f"{r['step_time_s']:.2f}", f"{r['tokens_per_s']:,.0f}",
+         f"{r['mfu']:.1%}", f"{r['memory_gib_per_gpu']:.1f}") for r in result["runners_up"]
+    ])
+    examples = result["rejected_examples"]
+    print_table("rejected", ["REASON", "LAYOUTS", "FOR EXAMPLE"], [
+        (reason, f"{count:,}", examples.get(reason, ""))
+        for reason, count in sorted(result["rejected"].items(), key=lambda kv: -kv[1])
+    ])

@@ -1,0 +1,71 @@
+"""Incidents: one per failure signal that runyard acted on, with the recovery's timestamps."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import DateTime, Enum, ForeignKey, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.models.base import Base, Timestamped, utcnow
+
+
+class RecoveryAction(StrEnum):
+    """What a classified signal asks for (the classification table maps signals to these)."""
+
+    DRAIN_AND_MOVE = "DRAIN_AND_MOVE"  # the node is bad: drain it, move its runs to spares
+    RESTART_SAME_NODES = "RESTART_SAME_NODES"  # transient: restart the run where it was
+    COUNT_AND_ESCALATE = "COUNT_AND_ESCALATE"  # likely the application: count, drain on repeats
+    RESTART = "RESTART"  # a rank died or hung: restart, keep the node
+    OBSERVE = "OBSERVE"  # record only
+
+
+class IncidentState(StrEnum):
+    OPEN = "OPEN"  # recovery not finished
+    RESOLVED = "RESOLVED"  # the touched runs resumed (or there was nothing to move)
+    WAITING = "WAITING"  # no spare: the run waits for capacity
+
+
+def _enum(cls: type[StrEnum], name: str) -> Enum:
+    return Enum(cls, name=name, native_enum=False, length=24, validate_strings=True)
+
+
+class Incident(Timestamped, Base):
+    __tablename__ = "incidents"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))  # xid, sxid, nccl, heartbeat, slurm, hang...
+    signal: Mapped[str] = mapped_column(String(64))  # e.g. "xid:79"
+    action: Mapped[RecoveryAction] = mapped_column(_enum(RecoveryAction, "recovery_action"))
+    state: Mapped[IncidentState] = mapped_column(_enum(IncidentState, "incident_state"), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    node_name: Mapped[str | None] = mapped_column(String(64), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="SET NULL"))
+    spare_node: Mapped[str | None] = mapped_column(String(64))
+    resume_step: Mapped[int | None] = mapped_column(Integer)
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    # The recovery's timeline: each stamp is written once, when that phase is done.
+    signal_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    detected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    drained_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempt_ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    submitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    running_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    resolved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ClusterSetting(Base):
+    """Operator-tuned values that must survive restarts (e.g. the spare pool's target)."""
+
+    __tablename__ = "cluster_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )

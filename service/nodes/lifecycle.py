@@ -1,0 +1,38 @@
+"""The node state machine: every transition is a node event with its reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.models import Node, NodeEvent, NodeState
+
+S = NodeState
+NODE_TRANSITIONS: dict[NodeState, set[NodeState]] = {
+    S.HEALTHY: {S.SUSPECT, S.DRAINING, S.DRAINED, S.SPARE},
+    S.SUSPECT: {S.HEALTHY, S.DRAINING, S.DRAINED},
+    S.SPARE: {S.HEALTHY, S.SUSPECT, S.DRAINING, S.DRAINED},
+    S.DRAINING: {S.DRAINED, S.HEALTHY},
+    S.DRAINED: {S.IN_REPAIR, S.HEALTHY},
+    S.IN_REPAIR: {S.HEALTHY, S.DRAINED},
+}
+
+
+class IllegalNodeTransition(RuntimeError):
+    pass
+
+
+def node_event(
+    session: Session, node: Node, kind: str, message: str, data: dict[str, Any] | None = None
+) -> None:
+    session.add(NodeEvent(node_name=node.name, kind=kind, message=message, data=data or {}))
+
+
+def set_node_state(session: Session, node: Node, new: NodeState, reason: str) -> None:
+    if node.state == new:
+        return
+    if new not in NODE_TRANSITIONS[node.state]:
+        raise IllegalNodeTransition(f"node {node.name}: {node.state} -> {new}")
+    old, node.state, node.state_reason = node.state, new, reason
+    node_event(session, node, f"node.{new.lower()}", reason, {"from": old.value, "to": new.value})

@@ -1,0 +1,254 @@
+"""The planner's front door: `plan()` answers a run, `explain_does_not_fit()` says why not.
+
+Pure functions over a model shape and a cluster slice: no database, no torch, no network,
+so the CLI, the service and the benches all call the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from worker.config import ModelShape
+
+from .advice import PlanError, misfit_error, no_layout_error
+from .hardware import GIB, Network, hardware_named
+from .layout import PINNABLE, PRECISIONS, RECOMPUTE_MODES
+from .reliability import ReliabilityAssumptions, assess
+from .schemas import (
+    Alternative,
+    CheckpointPlan,
+    MemoryGiB,
+    PlannedLayout,
+    PlanResult,
+    StepBreakdown,
+)
+from .search import Candidate, Pinned, Request, SearchOutcome, search
+from .transformer import model_flops_per_token
+
+
+def make_request(
+    model: ModelShape,
+    hardware: str,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    precision: str = "bf16",
+    network: str = "ib",
+    pinned: Mapping[str, int | str | None] | None = None,
+    gpus_per_node: int = 8,
+) -> Request:
+    """Validate the inputs into a search request; a PlanError names the bad field."""
+    try:
+        chip = hardware_named(hardware)
+    except ValueError as exc:
+        raise PlanError("hardware", str(exc)) from None
+    if network not in {n.value for n in Network}:
+        raise PlanError("network", f"unknown network {network!r}; known: efa, ib")
+    if precision not in PRECISIONS:
+        raise PlanError("precision", f"unknown precision {precision!r}; known: bf16, fp8")
+    if precision == "fp8" and chip.peak_fp8_flops is None:
+        raise PlanError("precision", f"{chip.name} has no FP8 tensor cores; use bf16")
+    if num_gpus < 1 or gpus_per_node < 1:
+        raise PlanError("num_gpus", "num_gpus and gpus_per_node must be at least 1")
+    if num_gpus % gpus_per_node and gpus_per_node % num_gpus:
+        raise PlanError("num_gpus", f"{num_gpus} GPUs is not whole nodes of {gpus_per_node}")
+    if seq_len < 2 or global_batch_tokens < seq_len or global_batch_tokens % seq_len:
+        raise PlanError(
+            "global_batch_tokens",
+            f"{global_batch_tokens} tokens is not a whole number of {seq_len}-token sequences",
+        )
+    return Request(
+        model=model,
+        hardware=chip,
+        network=Network(network),
+        num_gpus=num_gpus,
+        gpus_per_node=min(gpus_per_node, num_gpus),
+        seq_len=seq_len,
+        global_batch_seqs=global_batch_tokens // seq_len,
+        precision=precision,
+        pinned=_pinned(pinned or {}, num_gpus),
+    )
+
+
+def _pinned(values: Mapping[str, int | str | None], num_gpus: int) -> Pinned:
+    unknown = set(values) - set(PINNABLE)
+    if unknown:
+        raise PlanError(sorted(unknown)[0], f"cannot be pinned; pin one of {', '.join(PINNABLE)}")
+    given = {k: v for k, v in values.items() if v is not None}
+    recompute = given.pop("recompute", None)
+    if recompute is not None and recompute not in RECOMPUTE_MODES:
+        raise PlanError("recompute", f"{recompute!r} is not one of none, selective, full")
+    degrees: dict[str, int] = {}
+    for name, value in given.items():
+        if not isinstance(value, int) or value < (0 if name == "zero_stage" else 1):
+            raise PlanError(name, f"must be a positive whole number, not {value!r}")
+        degrees[name] = value
+    if degrees.get("zero_stage", 0) > 3:
+        raise PlanError("zero_stage", "must be 0, 1, 2 or 3")
+    product = 1
+    for name in ("dp", "tp", "pp", "cp"):
+        product *= degrees.get(name, 1)
+    if num_gpus % product or (
+        len({"dp", "tp", "pp", "cp"} & degrees.keys()) == 4 and product != num_gpus
+    ):
+        raise PlanError(
+            "parallelism", f"dp x tp x pp x cp = {product} does not match {num_gpus} GPUs"
+        )
+    return Pinned(recompute=str(recompute) if recompute else None, **degrees)
+
+
+def plan(
+    model: ModelShape,
+    hardware: str,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    precision: str = "bf16",
+    network: str = "ib",
+    pinned: Mapping[str, int | str | None] | None = None,
+    gpus_per_node: int = 8,
+    reliability: ReliabilityAssumptions | None = None,
+    num_runners_up: int = 5,
+) -> PlanResult:
+    """The fastest layout that fits, with its memory, speed and failure plan.
+
+    Raises PlanError when nothing fits or nothing valid matches the pins, with the reason
+    and (for memory) by how much and what would help.
+    """
+    request = make_request(
+        model,
+        hardware,
+        num_gpus,
+        seq_len,
+        global_batch_tokens,
+        precision,
+        network,
+        pinned,
+        gpus_per_node,
+    )
+    outcome = search(request, keep=num_runners_up + 1)
+    if not outcome.ranked:
+        raise no_layout_error(request, outcome)
+    return _result(request, outcome, reliability)
+
+
+def explain_does_not_fit(
+    model: ModelShape,
+    hardware: str,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    precision: str = "bf16",
+    network: str = "ib",
+    pinned: Mapping[str, int | str | None] | None = None,
+    gpus_per_node: int = 8,
+) -> str | None:
+    """None when a layout fits; else how far the nearest layout is over, and what helps."""
+    request = make_request(
+        model,
+        hardware,
+        num_gpus,
+        seq_len,
+        global_batch_tokens,
+        precision,
+        network,
+        pinned,
+        gpus_per_node,
+    )
+    outcome = search(request, keep=1)
+    if outcome.ranked or outcome.closest_misfit is None:
+        return None
+    return misfit_error(request, outcome.closest_misfit).message
+
+
+def _planned(candidate: Candidate) -> PlannedLayout:
+    lay = candidate.layout
+    return PlannedLayout(
+        dp=lay.dp,
+        tp=lay.tp,
+        pp=lay.pp,
+        cp=lay.cp,
+        vp=lay.vp,
+        zero_stage=lay.zero_stage,
+        micro_batch_size=lay.micro_batch_size,
+        grad_accum=candidate.grad_accum,
+        recompute=lay.recompute,
+        precision=lay.precision,
+    )
+
+
+def _speed(request: Request, candidate: Candidate) -> tuple[float, float, float]:
+    """(tokens/s, MFU, model TFLOP/s per GPU) of a candidate."""
+    tokens_per_s = request.global_batch_seqs * request.seq_len / candidate.step.total_s
+    flops = model_flops_per_token(request.model, request.seq_len) * tokens_per_s
+    per_gpu = flops / request.num_gpus
+    return tokens_per_s, per_gpu / request.hardware.peak_bf16_flops, per_gpu / 1e12
+
+
+def _result(
+    request: Request, outcome: SearchOutcome, assumptions: ReliabilityAssumptions | None
+) -> PlanResult:
+    best = outcome.ranked[0]
+    tokens_per_s, mfu, tflops = _speed(request, best)
+    rel = assess(
+        request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
+    )
+    mem = best.memory
+    runners_up = []
+    for other in outcome.ranked[1:]:
+        other_tokens, other_mfu, _ = _speed(request, other)
+        runners_up.append(
+            Alternative(
+                layout=_planned(other),
+                step_time_s=other.step.total_s,
+                tokens_per_s=other_tokens,
+                mfu=other_mfu,
+                memory_gib_per_gpu=other.memory.total / GIB,
+            )
+        )
+    step = best.step
+    return PlanResult(
+        hardware=request.hardware.name,
+        network=request.network.value,
+        num_gpus=request.num_gpus,
+        gpus_per_node=request.gpus_per_node,
+        seq_len=request.seq_len,
+        global_batch_tokens=request.global_batch_seqs * request.seq_len,
+        num_params=request.model.num_params,
+        layout=_planned(best),
+        memory_gib_per_gpu=MemoryGiB(
+            params=mem.params / GIB,
+            grads=mem.grads / GIB,
+            optimizer=mem.optimizer / GIB,
+            activations=mem.activations / GIB,
+            overhead=mem.overhead / GIB,
+            total=mem.total / GIB,
+            capacity=request.hardware.hbm_bytes / GIB,
+        ),
+        step_time_s=step.total_s,
+        step_breakdown_s=StepBreakdown(
+            compute_s=step.compute_s,
+            tp_comm_s=step.tp_comm_s,
+            cp_comm_s=step.cp_comm_s,
+            bubble_s=step.bubble_s,
+            pp_comm_s=step.pp_comm_s,
+            dp_comm_s=step.dp_comm_s,
+            optimizer_s=step.optimizer_s,
+        ),
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / request.num_gpus,
+        mfu=mfu,
+        tflops_per_gpu=tflops,
+        mtbi_h=rel.mtbi_s / 3600,
+        checkpoint=CheckpointPlan(
+            size_gib=rel.checkpoint_bytes / GIB,
+            write_s=rel.checkpoint_write_s,
+            interval_s=rel.checkpoint_interval_s,
+            interval_steps=rel.checkpoint_interval_steps,
+        ),
+        goodput=rel.goodput,
+        spare_nodes=rel.spare_nodes,
+        runners_up=runners_up,
+        rejected=dict(outcome.rejected),
+        rejected_examples=dict(outcome.examples),
+    )

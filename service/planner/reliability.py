@@ -1,0 +1,134 @@
+"""How often a run is interrupted, how often to checkpoint, what is left, how many spares.
+
+A run on n GPUs is interrupted at n times the per-GPU rate; the checkpoint interval
+balances the cost of writing checkpoints against the work lost at each interruption
+(Young 1974; Daly 2006); the spare pool is sized so that, while failed nodes are being
+repaired, the chance of needing more spares than the pool holds stays under a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from worker.config import ModelShape
+
+# The Llama 3 Herd of Models (Meta, 2024), section 3.3.4: 419 unexpected interruptions in
+# a 54-day snapshot of pre-training on 16,384 H100 GPUs (78 % attributed to hardware).
+LLAMA3_INTERRUPTIONS = 419
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384
+DEFAULT_FAILURES_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+
+# What a checkpoint holds per parameter: FP32 master weights and Adam's two FP32 moments
+# (the ZeRO paper's K = 12); BF16 weights are derived from the master copy on load.
+CHECKPOINT_BYTES_PER_PARAM = 12
+# Llama 3 paper, section 3.1 (Tectonic): 2 TB/s sustained storage throughput for 16K GPUs.
+DEFAULT_STORAGE_BYTES_PER_S = 2e12
+# DGX H100 user guide: two dual-port ConnectX-7 for storage and in-band traffic, up to
+# 400 Gb/s per node; we count on half of it (25 GB/s) for checkpoint writes and reads.
+DEFAULT_STORAGE_BYTES_PER_S_PER_NODE = 25e9
+
+
+@dataclass(frozen=True, slots=True)
+class ReliabilityAssumptions:
+    """Inputs an operator may override; defaults are the published or stated figures."""
+
+    failures_per_gpu_hour: float = DEFAULT_FAILURES_PER_GPU_HOUR
+    storage_bytes_per_s: float = DEFAULT_STORAGE_BYTES_PER_S
+    storage_bytes_per_s_per_node: float = DEFAULT_STORAGE_BYTES_PER_S_PER_NODE
+    # Detect (heartbeat / NCCL watchdog), drain, swap in a spare, relaunch and re-form
+    # NCCL groups: minutes at scale. An assumption to be replaced by measured restarts.
+    restart_s: float = 600.0
+    # Time a failed node stays out of the pool before it is repaired or replaced.
+    repair_window_h: float = 24.0
+    spare_risk: float = 0.01  # allowed chance of running out of spares in a window
+
+
+@dataclass(frozen=True, slots=True)
+class Reliability:
+    """The failure-side answer for one plan."""
+
+    mtbi_s: float  # mean time between interruptions of the whole run
+    checkpoint_bytes: float
+    checkpoint_write_s: float
+    checkpoint_interval_s: float  # compute time between checkpoints, whole steps
+    checkpoint_interval_steps: int
+    goodput: float  # expected productive share of allocated time
+    spare_nodes: int
+
+
+def checkpoint_bytes(model: ModelShape) -> float:
+    """Size of one full training checkpoint."""
+    return model.num_params * CHECKPOINT_BYTES_PER_PARAM
+
+
+def checkpoint_interval_s(write_s: float, mtbi_s: float) -> float:
+    """Daly's (2006) higher-order optimum of the compute time between checkpoints.
+
+    sqrt(2 d M) [1 + sqrt(d / 2M) / 3 + d / 18M] - d for checkpoint cost d < 2M, else M;
+    its first term is Young's (1974) sqrt(2 d M).
+    """
+    if write_s <= 0:
+        return 0.0
+    if write_s >= 2 * mtbi_s:
+        return mtbi_s
+    ratio = write_s / (2 * mtbi_s)
+    young = math.sqrt(2 * write_s * mtbi_s)
+    return young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - write_s
+
+
+def expected_goodput(interval_s: float, write_s: float, restart_s: float, mtbi_s: float) -> float:
+    """Share of allocated time that trains the model, in steady state.
+
+    Each cycle computes for `interval_s` and writes for `write_s`; each interruption
+    costs the restart and, on average, half a cycle of work since the last checkpoint.
+    """
+    cycle = interval_s + write_s
+    if cycle <= 0:
+        return 0.0
+    lost_per_interruption = restart_s + cycle / 2
+    return max(0.0, interval_s / cycle * (1 - lost_per_interruption / mtbi_s))
+
+
+def spares_needed(expected_failures: float, risk: float) -> int:
+    """Smallest pool s with P(Poisson(expected_failures) > s) < risk."""
+    term = cumulative = math.exp(-expected_failures)
+    spares = 0
+    while 1 - cumulative >= risk:
+        spares += 1
+        term *= expected_failures / spares
+        cumulative += term
+    return spares
+
+
+def assess(
+    model: ModelShape,
+    num_gpus: int,
+    gpus_per_node: int,
+    step_s: float,
+    assumptions: ReliabilityAssumptions | None = None,
+) -> Reliability:
+    """MTBI, checkpoint size/time/interval, goodput and spare nodes for a planned run."""
+    a = assumptions or ReliabilityAssumptions()
+    num_nodes = max(1, -(-num_gpus // gpus_per_node))
+    mtbi_s = 3600 / (a.failures_per_gpu_hour * num_gpus)
+    size = checkpoint_bytes(model)
+    storage = min(a.storage_bytes_per_s, num_nodes * a.storage_bytes_per_s_per_node)
+    write_s = size / storage
+    ideal = checkpoint_interval_s(write_s, mtbi_s)
+    steps = max(1, round(ideal / step_s)) if step_s > 0 else 1
+    interval = steps * step_s
+    # Restarting also reads the checkpoint back, at the same storage rate.
+    goodput = expected_goodput(interval, write_s, a.restart_s + write_s, mtbi_s)
+    failures_per_node_hour = a.failures_per_gpu_hour * gpus_per_node
+    expected = failures_per_node_hour * num_nodes * a.repair_window_h
+    return Reliability(
+        mtbi_s=mtbi_s,
+        checkpoint_bytes=size,
+        checkpoint_write_s=write_s,
+        checkpoint_interval_s=interval,
+        checkpoint_interval_steps=steps,
+        goodput=goodput,
+        spare_nodes=spares_needed(expected, a.spare_risk),
+    )

@@ -1,0 +1,272 @@
+"""Time of one optimizer step under a layout, term by term.
+
+The model, and the few efficiency assumptions it rests on:
+- GEMMs run at the roofline of their shape: the slower of FLOPs at `gemm_efficiency` of
+  peak (a hardware preset, from large-GEMM measurements) and operand bytes at
+  HBM_EFFICIENCY of memory bandwidth, so thin matrices (large tp, small micro batches)
+  lose speed the way they do on the device. Backward is two GEMMs of the same size.
+- Fused causal attention runs at `attention_efficiency` of BF16 peak; its backward does
+  2.5x the forward's FLOPs (five matrix products against two, Dao 2023).
+- Norms, residual adds, rotary, the MLP activation, FP8 casts and the loss are memory
+  bound: bytes moved / (HBM_EFFICIENCY x bandwidth).
+- Tensor-parallel collectives (sequence parallel: two all-gathers and two reduce-scatters
+  per layer each way) are not overlapped, as in Megatron-LM's default.
+- Context-parallel ring transfers hide behind the attention they feed.
+- Data-parallel / FSDP collectives hide behind the compute of the window they can overlap
+  (see `_data_parallel_s`), and slow that compute by OVERLAP_SLOWDOWN of their length,
+  since NCCL kernels take SMs and HBM bandwidth from the GEMMs they run beside.
+- The pipeline bubble is (pp - 1) / vp micro-batch times (Narayanan et al. 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from worker.config import ModelShape
+
+from .collectives import Fabric
+from .hardware import HBM_EFFICIENCY, Hardware
+from .layout import Layout
+from .memory import stage_params
+from .transformer import (
+    attention_forward_flops,
+    elementwise_bytes_per_token,
+    fp8_cast_bytes_per_token,
+    kv_dim,
+    layer_gemm_shapes,
+)
+
+# cuBLAS/CUTLASS's large-GEMM tile on Ampere and Hopper is 128 x 256 outputs per SM.
+TILE_M, TILE_N = 128, 256
+# A tile's prologue (filling the load pipeline) and epilogue (writing 64 KB of BF16
+# output) cost about as much as four 64-deep steps of its main loop.
+TILE_FIXED_K = 256
+ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward
+ELEMENTWISE_BACKWARD_RATIO = 2.0  # backward reads the saved input and the gradient, writes one
+OVERLAP_SLOWDOWN = 0.1  # share of an overlapped collective's time that still slows compute
+# Adam's update streams the FP32 master weight, m and v in and out (24 bytes), reads the
+# gradient (2) and writes the BF16 weight (2) for every parameter it owns.
+OPTIMIZER_BYTES_MOVED = 28
+# FSDP (ZeRO-3) copies every gathered weight out of the all-gather buffer in forward and
+# again in backward (read 2 + write 2 bytes each), and every gradient into the
+# reduce-scatter buffer (read 2 + write 2): PyTorch FSDP2 design, copy-in / copy-out.
+ZERO3_COPY_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Seconds of one optimizer step on the busiest rank, by cause."""
+
+    compute_s: float  # GEMMs, attention, memory-bound ops, recompute: all micro batches
+    tp_comm_s: float
+    cp_comm_s: float  # the part not hidden behind attention
+    bubble_s: float
+    pp_comm_s: float
+    dp_comm_s: float  # the part not hidden behind compute, plus overlap slowdown
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.compute_s
+            + self.tp_comm_s
+            + self.cp_comm_s
+            + self.bubble_s
+            + self.pp_comm_s
+            + self.dp_comm_s
+            + self.optimizer_s
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """One layer, one micro batch, one rank: forward, backward and their parts."""
+
+    forward_s: float  # compute only
+    backward_s: float  # compute only, including any recomputed forward
+    tp_comm_s: float
+    cp_comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.cp_comm_s
+
+
+def _gemm_s(m: int, k: int, n: int, hardware: Hardware, precision: str) -> float:
+    """Time of one (m x k) @ (k x n) product with a BF16 output.
+
+    The compute side pays for whole output tiles (tile quantization), for a partly idle
+    last wave of tiles (on average half a wave, as tile counts fall at random against the
+    SM count), and for each tile's fixed prologue and epilogue, worth TILE_FIXED_K of
+    reduction depth (NVIDIA, Matrix Multiplication Background User's Guide: tile and wave
+    quantization). The memory side is the roofline of the operand bytes.
+    """
+    operand_bytes = 1 if precision == "fp8" else 2
+    tiles_m, tiles_n = -(-m // TILE_M), -(-n // TILE_N)
+    waves = tiles_m * tiles_n / hardware.num_sms
+    padded_flops = 2.0 * tiles_m * TILE_M * tiles_n * TILE_N * (k + TILE_FIXED_K)
+    compute = padded_flops * (waves + 0.5) / waves
+    compute /= hardware.gemm_efficiency * hardware.peak_flops(precision)
+    moved = operand_bytes * (m * k + k * n) + 2.0 * m * n
+    return max(compute, moved / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s))
+
+
+@lru_cache(maxsize=65536)
+def layer_time(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    precision: str,
+    tp: int,
+    cp: int,
+    tokens: int,
+    seq_len: int,
+    recompute: str,
+) -> LayerTime:
+    """Cost of one layer for `tokens` local tokens (micro batch x seq / cp) on one rank."""
+    hbm = HBM_EFFICIENCY * hardware.hbm_bytes_per_s
+    gemms = sum(
+        _gemm_s(m, k, n, hardware, precision) for m, k, n in layer_gemm_shapes(model, tokens, tp)
+    )
+    attention = attention_forward_flops(model, tokens, seq_len, tp) / (
+        hardware.attention_efficiency * hardware.peak_bf16_flops
+    )
+    elementwise = tokens / tp * elementwise_bytes_per_token(model) / hbm
+    casts = tokens / tp * fp8_cast_bytes_per_token(model) / hbm if precision == "fp8" else 0.0
+    forward = gemms + attention + elementwise + casts / 2
+    backward = (
+        2 * gemms
+        + ATTENTION_BACKWARD_RATIO * attention
+        + ELEMENTWISE_BACKWARD_RATIO * elementwise
+        + casts / 2
+    )
+    # Sequence parallel: all-gather before QKV and MLP-up, reduce-scatter after the output
+    # projection and MLP-down, each over the full local activation (tokens x hidden).
+    activation = 2.0 * tokens * model.hidden
+    tp_one_way = 4 * fabric.collective_s(activation, tp, 1, passes=1)
+    tp_comm = 2 * tp_one_way
+    if recompute == "full":
+        backward += forward
+        tp_comm += tp_one_way
+    elif recompute == "selective":
+        backward += tokens / tp * elementwise_bytes_per_token(model, recompute_only=True) / hbm
+    # Context parallel ring: cp - 1 K/V chunks forward; K/V in and dK/dV out backward.
+    kv_chunk = 2.0 * 2 * tokens * kv_dim(model) / tp
+    ring_forward = (cp - 1) * fabric.p2p_s(kv_chunk, tp) if cp > 1 else 0.0
+    cp_exposed = max(0.0, ring_forward - attention) + max(
+        0.0, 2 * ring_forward - ATTENTION_BACKWARD_RATIO * attention
+    )
+    return LayerTime(forward, backward, tp_comm, cp_exposed)
+
+
+def _logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int) -> float:
+    """Output projection forward and backward plus the cross-entropy passes over logits."""
+    gemm = _gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, layout.precision)
+    loss_bytes = 4.0 * 4 * tokens * model.vocab / layout.tp  # FP32, ~4 passes
+    return 3 * gemm + loss_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+
+
+def _data_parallel_s(
+    fabric: Fabric,
+    layout: Layout,
+    num_bytes: float,
+    grad_accum: int,
+    forward_s: float,
+    backward_s: float,
+    num_layers: int,
+) -> float:
+    """Exposed data-parallel time per step, and the slowdown of what it overlaps.
+
+    ZeRO-0 all-reduces and ZeRO-1 reduce-scatters gradients once per step, behind the
+    last micro batch's backward; ZeRO-1/2 gather updated weights behind the next step's
+    first forward; ZeRO-2 must reduce-scatter after every micro batch; ZeRO-3 gathers
+    weights before each forward and backward and reduce-scatters after, every micro
+    batch, and cannot hide the first layer's gather.
+    """
+    size, stride = layout.dp * layout.cp, layout.tp
+    gather = fabric.collective_s(num_bytes, size, stride, passes=1)
+    if size <= 1:
+        return 0.0
+    windows: list[tuple[float, float]]  # (collective time, compute it may hide behind)
+    if layout.zero_stage == 0:
+        windows = [(2 * gather, backward_s)]
+    elif layout.zero_stage == 1:
+        windows = [(gather, backward_s), (gather, forward_s)]
+    elif layout.zero_stage == 2:
+        windows = [(gather, backward_s)] * grad_accum + [(gather, forward_s)]
+    else:
+        per_micro_batch = [(gather, forward_s), (2 * gather, backward_s)]
+        windows = per_micro_batch * grad_accum + [(gather / num_layers, 0.0)]
+    exposed = sum(max(0.0, comm - window) for comm, window in windows)
+    overlapped = sum(min(comm, window) for comm, window in windows)
+    return exposed + OVERLAP_SLOWDOWN * overlapped
+
+
+def estimate_step(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    layout: Layout,
+    seq_len: int,
+    grad_accum: int,
+) -> StepTime:
+    """The step time of `layout` for a global batch of grad_accum x dp micro batches."""
+    tokens = layout.micro_batch_size * seq_len // layout.cp
+    layer = layer_time(
+        model,
+        hardware,
+        fabric,
+        layout.precision,
+        layout.tp,
+        layout.cp,
+        tokens,
+        seq_len,
+        layout.recompute,
+    )
+    logits = _logits_s(model, hardware, layout, tokens)
+    busiest = layout.stage_layers(model.layers)
+    average = model.layers / layout.pp
+    # With several stages a balancer moves layers off the last one to make room for the
+    # logits, but no stage can carry less than the average (Llama 3 paper, 3.3.2).
+    stage_layers: float
+    if layout.pp == 1:
+        stage_layers, stage_extra = float(model.layers), logits
+    elif busiest * layer.total_s >= average * layer.total_s + logits:
+        stage_layers, stage_extra = float(busiest), 0.0
+    else:
+        stage_layers, stage_extra = average, logits
+    compute_mb = stage_layers * (layer.forward_s + layer.backward_s) + stage_extra
+    tp_mb = stage_layers * layer.tp_comm_s
+    cp_mb = stage_layers * layer.cp_comm_s
+    stage_mb = compute_mb + tp_mb + cp_mb
+    bubble = (layout.pp - 1) / layout.vp * stage_mb
+    pp_comm = 0.0
+    if layout.pp > 1:
+        message = 2.0 * tokens * model.hidden / layout.tp  # scattered across tp ranks
+        hop = fabric.p2p_s(message, layout.tp * layout.cp * layout.dp)
+        pp_comm = 2 * (layout.pp * layout.vp - 1) * hop
+    params = stage_params(model, layout)
+    dp_comm = _data_parallel_s(
+        fabric,
+        layout,
+        2.0 * params,
+        grad_accum,
+        forward_s=stage_layers * layer.forward_s,
+        backward_s=stage_layers * layer.backward_s,
+        num_layers=max(1, busiest),
+    )
+    if layout.zero_stage == 3 and layout.dp * layout.cp > 1:
+        copies = grad_accum * params * ZERO3_COPY_BYTES_PER_PARAM
+        dp_comm += copies / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+    owned = params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
+    optimizer = owned * OPTIMIZER_BYTES_MOVED / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+    return StepTime(
+        compute_s=grad_accum * compute_mb,
+        tp_comm_s=grad_accum * tp_mb,
+        cp_comm_s=grad_accum * cp_mb,
+        bubble_s=bubble,
+        pp_comm_s=pp_comm,
+        dp_comm_s=dp_comm,
+        optimizer_s=optimizer,
+    )

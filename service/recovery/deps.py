@@ -1,0 +1,19 @@
+"""The classifier as a FastAPI dependency (built once from settings)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from fastapi import Depends
+
+from service.config import get_settings
+from service.recovery.classification import Classifier
+
+
+@lru_cache
+def get_classifier() -> Classifier:
+    return Classifier.from_file(get_settings().classification_file)
+
+
+ClassifierDep = Annotated[Classifier, Depends(get_classifier)]

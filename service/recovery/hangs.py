@@ -1,0 +1,92 @@
+"""Hangs: a step counter that stopped moving looks exactly like a stalled collective."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+
+from service.config import Settings
+from service.db import session_scope
+from service.models import Attempt, AttemptState, Metric, RecoveryAction, Run, RunState
+from service.models.base import utcnow
+from service.recovery.signals import open_incident
+from service.slurm.commands import slurm_env
+
+STACKS_TIMEOUT_S = 20
+
+
+def hang_threshold_s(step_times: list[float], settings: Settings) -> float:
+    """How long without a step before a run counts as hung."""
+    typical = statistics.median(step_times) if step_times else 0.0
+    return max(settings.hang_factor * typical, settings.hang_min_s)
+
+
+def check_hangs(settings: Settings, watching_since: datetime) -> None:
+    """Open a RESTART incident for each running attempt whose progress stopped.
+
+    `watching_since` is when this service started: a service that was down has not seen
+    progress that happened meanwhile, so silence is measured from no earlier than that.
+    """
+    now = utcnow()
+    with session_scope() as session:
+        rows = session.execute(
+            select(Run, Attempt)
+            .join(Attempt, Attempt.run_id == Run.id)
+            .where(
+                Run.state == RunState.RUNNING,
+                Attempt.state == AttemptState.RUNNING,
+                Attempt.first_step_at.is_not(None),
+            )
+        ).all()
+        for run, attempt in rows:
+            last = max(run.last_progress_at or attempt.first_step_at or now, watching_since)
+            recent = session.scalars(
+                select(Metric.step_time_s)
+                .where(Metric.attempt_id == attempt.id)
+                .order_by(Metric.id.desc())
+                .limit(50)
+            ).all()
+            threshold = hang_threshold_s([t for t in recent if t], settings)
+            if now - last > timedelta(seconds=threshold):
+                open_incident(
+                    session,
+                    kind="hang",
+                    signal="hang:no_progress",
+                    action=RecoveryAction.RESTART,
+                    run_id=run.id,
+                    attempt_id=attempt.id,
+                    signal_at=last,
+                    message=f"run {run.id}: no step for {(now - last).total_seconds():.0f} s "
+                    f"(threshold {threshold:.0f} s) at step {run.last_step}",
+                )
+
+
+def collect_stacks(job_id: str, attempt_id: int, num_nodes: int) -> str | None:
+    """py-spy dump of every rank, run on the job's own nodes through an overlapping step."""
+    script = (
+        f'for p in $(pgrep -f "worker.entry .*--attempt-id {attempt_id}$"); do '
+        'echo "== $(hostname) pid $p"; py-spy dump --nonblocking --pid "$p" 2>&1; done'
+    )
+    try:
+        out = subprocess.run(
+            [
+                "srun",
+                f"--jobid={job_id}",
+                "--overlap",
+                f"-N{num_nodes}",
+                "--ntasks-per-node=1",
+                "bash",
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=STACKS_TIMEOUT_S,
+            env=slurm_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"stack collection failed: {exc}"
+    return (out.stdout + out.stderr).strip() or None

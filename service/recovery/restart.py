@@ -1,0 +1,57 @@
+"""Ending an attempt and deciding whether its run goes again: one place for the policy."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from service.models import Attempt, AttemptState, Run, RunState
+from service.runs.lifecycle import set_attempt_state, set_run_state
+from worker.config import ExitCode
+
+
+def end_attempt_and_restart(
+    session: Session,
+    run: Run,
+    attempt: Attempt,
+    reason: str,
+    *,
+    hardware: bool,
+    exit_code: int | None = None,
+) -> bool:
+    """Mark `attempt` FAILED and send the run back to PENDING if it may go again.
+
+    Hardware failures (a drained node) never use up `max_restarts`: the run did nothing
+    wrong. Everything else does, so a run that keeps failing in its own code stops instead of
+    burning spares forever. Returns True if the run will restart.
+    """
+    if not attempt.state.is_terminal:
+        set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
+    if run.state.is_terminal or run.state == RunState.CANCELLING:
+        return False
+    software_restarts = run.num_restarts - run.num_hardware_restarts
+    if exit_code == ExitCode.DO_NOT_RETRY:
+        set_run_state(
+            session,
+            run,
+            RunState.FAILED,
+            f"{reason}: the worker refused to retry (bad spec or code bug)",
+            attempt,
+        )
+        return False
+    if not hardware and software_restarts >= run.max_restarts:
+        set_run_state(
+            session,
+            run,
+            RunState.FAILED,
+            f"{reason}; no restarts left ({run.max_restarts} allowed)",
+            attempt,
+        )
+        return False
+    run.num_restarts += 1
+    if hardware:
+        run.num_hardware_restarts += 1
+        budget = "hardware restart: does not count against max_restarts"
+    else:
+        budget = f"restart {software_restarts + 1} of {run.max_restarts}"
+    set_run_state(session, run, RunState.PENDING, f"{reason}; {budget}", attempt)
+    return True

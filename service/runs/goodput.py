@@ -1,0 +1,107 @@
+"""Goodput: how much of the time a run held its GPUs went into steps that count.
+
+Allocated time runs from the first attempt starting to the run's end (or now): between
+attempts the run keeps its nodes in its reservation, so that time is paid for too. Lost time
+is split by cause; productive = allocated - lost; goodput = productive / allocated (the same
+ratio in GPU-hours). Queueing before the first start is reported but not allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from service.models import Attempt, AttemptState, Checkpoint, Metric, Run
+from service.models.base import utcnow
+
+
+class LostTime(BaseModel):
+    recomputed_steps_s: float = Field(
+        description="Steps trained after the last commit of a "
+        "failed attempt, trained again by the next one."
+    )
+    detection_s: float = Field(description="From the failed attempt's last step to its end.")
+    drain_and_resubmit_s: float = Field(description="From an attempt's end to the next start.")
+    startup_and_load_s: float = Field(
+        description="From an attempt's start to its first step "
+        "(process start, rendezvous, checkpoint load)."
+    )
+    checkpoint_stalls_s: float = Field(description="Training blocked on checkpoint writes.")
+
+
+class Goodput(BaseModel):
+    allocated_s: float
+    allocated_gpu_hours: float
+    productive_s: float
+    goodput: float | None = Field(description="productive / allocated (None before the start).")
+    lost: LostTime
+    queued_s: float = Field(description="Waiting in the Slurm queue before the first start.")
+
+
+def _s(start: datetime | None, end: datetime | None) -> float:
+    return max((end - start).total_seconds(), 0.0) if start and end else 0.0
+
+
+def compute_goodput(
+    run: Run,
+    attempts: Sequence[Attempt],
+    metrics: Sequence[Metric],
+    checkpoints: Sequence[Checkpoint],
+) -> Goodput:
+    now = utcnow()
+    started = [a for a in attempts if a.started_at is not None]
+    gpus = run.num_nodes * run.gpus_per_node
+    first = attempts[0] if attempts else None
+    queued = _s(first.submitted_at, first.started_at or now) if first else 0.0
+    if not started:
+        zero = LostTime(
+            recomputed_steps_s=0,
+            detection_s=0,
+            drain_and_resubmit_s=0,
+            startup_and_load_s=0,
+            checkpoint_stalls_s=0,
+        )
+        return Goodput(
+            allocated_s=0,
+            allocated_gpu_hours=0,
+            productive_s=0,
+            goodput=None,
+            lost=zero,
+            queued_s=queued,
+        )
+    allocated = _s(started[0].started_at, run.ended_at or now)
+    by_attempt: dict[int, list[Metric]] = {}
+    for m in metrics:
+        by_attempt.setdefault(m.attempt_id, []).append(m)
+    recomputed = detection = resubmit = startup = 0.0
+    for i, attempt in enumerate(started):
+        mine = by_attempt.get(attempt.id, [])
+        startup += _s(
+            attempt.started_at, attempt.first_step_at or (attempt.ended_at if not mine else None)
+        )
+        following = started[i + 1] if i + 1 < len(started) else None
+        if following is not None:
+            resubmit += _s(attempt.ended_at, following.started_at)
+        if attempt.state == AttemptState.FAILED and mine:
+            resumed_at = following.resume_step if following and following.resume_step else 0
+            recomputed += sum(m.step_time_s or 0.0 for m in mine if m.step > resumed_at)
+            detection += _s(max(m.recorded_at for m in mine), attempt.ended_at)
+    stalls = sum(c.write_s or 0.0 for c in checkpoints)
+    lost = LostTime(
+        recomputed_steps_s=recomputed,
+        detection_s=detection,
+        drain_and_resubmit_s=resubmit,
+        startup_and_load_s=startup,
+        checkpoint_stalls_s=stalls,
+    )
+    productive = max(allocated - recomputed - detection - resubmit - startup - stalls, 0.0)
+    return Goodput(
+        allocated_s=allocated,
+        allocated_gpu_hours=allocated * gpus / 3600,
+        productive_s=productive,
+        goodput=productive / allocated if allocated > 0 else None,
+        lost=lost,
+        queued_s=queued,
+    )

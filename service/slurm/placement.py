@@ -1,0 +1,47 @@
+"""Choose nodes on the network topology: as few leaf switches as possible, neighbours close.
+
+Pure functions over (node, leaf switch) pairs so they are testable without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+
+def group_by_switch(free: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:
+    by_switch: dict[str, list[str]] = defaultdict(list)
+    for node, switch in free:
+        by_switch[switch or "-"].append(node)
+    return {s: sorted(nodes) for s, nodes in by_switch.items()}
+
+
+def choose_nodes(free: Iterable[tuple[str, str | None]], count: int) -> list[str] | None:
+    """`count` nodes spanning the fewest leaf switches, or None if there are not enough.
+
+    One switch that fits takes the run (the fullest-fitting one, best fit, to keep larger
+    holes for larger runs); otherwise switches are taken largest first. Nodes come out grouped
+    by switch and in name order, so consecutive ranks (tensor, then pipeline neighbours)
+    share a switch.
+    """
+    by_switch = group_by_switch(free)
+    if sum(len(n) for n in by_switch.values()) < count:
+        return None
+    fitting = [s for s, nodes in by_switch.items() if len(nodes) >= count]
+    if fitting:
+        best = min(fitting, key=lambda s: (len(by_switch[s]), s))
+        return by_switch[best][:count]
+    chosen: list[str] = []
+    for switch in sorted(by_switch, key=lambda s: (-len(by_switch[s]), s)):
+        chosen.extend(by_switch[switch][: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def choose_replacement(
+    spares: Iterable[tuple[str, str | None]], keep_switches: set[str | None]
+) -> str | None:
+    """A spare for a failed node: one on a switch the run already uses first."""
+    ranked = sorted(spares, key=lambda s: (s[1] not in keep_switches, s[1] or "", s[0]))
+    return ranked[0][0] if ranked else None

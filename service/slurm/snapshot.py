@@ -1,0 +1,44 @@
+"""One read of the cluster per tick: node states and reservations, taken outside any
+transaction and handed to the steps that decide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.slurm import commands, reservations
+from service.slurm.commands import SlurmNode
+
+BAD_FLAGS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "POWER", "INVAL", "UNKNOWN", "FUTURE")
+
+
+def is_down(state: str) -> bool:
+    """Slurm lost the node: DOWN, DOWN*, NOT_RESPONDING ('*')."""
+    return "DOWN" in state or "NOT_RESPONDING" in state or state.endswith("*")
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    nodes: dict[str, SlurmNode]
+    reservations: dict[str, list[str]]
+
+    def reserved(self) -> set[str]:
+        return {n for nodes in self.reservations.values() for n in nodes}
+
+    def is_free(self, name: str) -> bool:
+        """Idle, healthy in Slurm's eyes, and in nobody's reservation."""
+        node = self.nodes.get(name)
+        if node is None or name in self.reserved():
+            return False
+        return node.state.split("+")[0] == "IDLE" and not any(f in node.state for f in BAD_FLAGS)
+
+    def is_usable(self, name: str) -> bool:
+        """Could run a job (idle or busy), i.e. not drained, down or failed."""
+        node = self.nodes.get(name)
+        return node is not None and not any(f in node.state for f in BAD_FLAGS)
+
+
+def take_snapshot() -> ClusterSnapshot:
+    return ClusterSnapshot(
+        nodes={n.name: n for n in commands.show_nodes()},
+        reservations=reservations.list_reservations(),
+    )
