@@ -12,7 +12,8 @@ import typer
 from pydantic import ValidationError
 
 from client.output import Exit, console, fail, print_json, print_table
-from service.planner.plan import PlanError, plan as plan_run
+from service.planner.plan import PlanError
+from service.planner.plan import plan as plan_run
 from service.planner.presets import MODEL_PRESETS
 from worker.config import ModelShape
 
@@ -24,12 +25,16 @@ def model_shape(model: str | None, overrides: dict[str, Any]) -> ModelShape:
     given = {k: v for k, v in overrides.items() if v is not None}
     if model is not None:
         if model not in MODEL_PRESETS:
-            fail(f"unknown model {model!r}; known: {', '.join(MODEL_PRESETS)} "
-                 "(or give --layers --hidden --heads --ffn --vocab)", Exit.USAGE)
+            fail(
+                f"unknown model {model!r}; known: {', '.join(MODEL_PRESETS)} "
+                "(or give --layers --hidden --heads --ffn --vocab)",
+                Exit.USAGE,
+            )
         base = MODEL_PRESETS[model].model_dump()
     else:
-        missing = [f"--{k}" for k in ("layers", "hidden", "heads", "ffn", "vocab")
-                   if k not in given]
+        missing = [
+            f"--{k}" for k in ("layers", "hidden", "heads", "ffn", "vocab") if k not in given
+        ]
         if missing:
             fail(f"give --model or a full shape (missing {' '.join(missing)})", Exit.USAGE)
         base = {"kv_heads": given["heads"]}
@@ -69,25 +74,47 @@ def plan(
     """Plan a run: the fastest layout that fits, its memory, speed and failure budget."""
     if mlp is not None and mlp not in ("swiglu", "gelu"):
         fail(f"--mlp must be swiglu or gelu, not {mlp!r}", Exit.USAGE)
-    shape = model_shape(model, dict(zip(SHAPE_FIELDS, (layers, hidden, heads, kv_heads, ffn,
-                                                       vocab, mlp), strict=True)))
-    pinned = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": zero,
-              "micro_batch_size": micro_batch, "recompute": recompute, "vp": vp}
+    shape = model_shape(
+        model,
+        dict(zip(SHAPE_FIELDS, (layers, hidden, heads, kv_heads, ffn, vocab, mlp), strict=True)),
+    )
+    pinned = {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "zero_stage": zero,
+        "micro_batch_size": micro_batch,
+        "recompute": recompute,
+        "vp": vp,
+    }
     try:
-        result = plan_run(shape, hardware, gpus, seq, global_batch_tokens, precision, network,
-                          pinned, gpus_per_node).model_dump()
+        result = plan_run(
+            shape,
+            hardware,
+            gpus,
+            seq,
+            global_batch_tokens,
+            precision,
+            network,
+            pinned,
+            gpus_per_node,
+        ).model_dump()
     except PlanError as exc:
-        fail(f"{exc.field}: {exc.message}", Exit.ERROR if exc.advice else Exit.USAGE)
+        named = exc.message if exc.message.startswith(exc.field) else str(exc)
+        fail(named, Exit.ERROR if exc.advice else Exit.USAGE)
     if json:
         return print_json(result)
     print_plan(result)
 
 
 def _layout_text(layout: dict[str, Any]) -> str:
-    return (f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
-            f"vp={layout['vp']} zero={layout['zero_stage']} mb={layout['micro_batch_size']} "
-            f"accum={layout['grad_accum']} recompute={layout['recompute']} "
-            f"{layout['precision']}")
+    return (
+        f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
+        f"vp={layout['vp']} zero={layout['zero_stage']} mb={layout['micro_batch_size']} "
+        f"accum={layout['grad_accum']} recompute={layout['recompute']} "
+        f"{layout['precision']}"
+    )
 
 
 def print_plan(result: dict[str, Any]) -> None:
@@ -97,26 +124,48 @@ def print_plan(result: dict[str, Any]) -> None:
     console.print(
         f"step {result['step_time_s']:.2f} s  {result['tokens_per_s']:,.0f} tok/s "
         f"({result['tokens_per_s_per_gpu']:,.0f} per GPU)  MFU {result['mfu']:.1%}  "
-        f"{result['tflops_per_gpu']:.0f} TFLOP/s per GPU", highlight=False)
+        f"{result['tflops_per_gpu']:.0f} TFLOP/s per GPU",
+        highlight=False,
+    )
     console.print(
         f"memory {mem['total']:.1f} of {mem['capacity']:.1f} GiB per GPU: params "
         f"{mem['params']:.1f}, grads {mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, "
         f"activations {mem['activations']:.1f}, overhead {mem['overhead']:.1f}",
-        highlight=False)
-    parts = ", ".join(f"{k.removesuffix('_s')} {v:.2f}"
-                      for k, v in result["step_breakdown_s"].items() if v >= 0.005)
+        highlight=False,
+    )
+    parts = ", ".join(
+        f"{k.removesuffix('_s')} {v:.2f}"
+        for k, v in result["step_breakdown_s"].items()
+        if v >= 0.005
+    )
     console.print(f"step time: {parts}", highlight=False)
     console.print(
         f"failures: one every {result['mtbi_h']:.1f} h; checkpoint {ckpt['size_gib']:,.0f} GiB "
         f"written in {ckpt['write_s']:.1f} s every {ckpt['interval_steps']} steps "
         f"({ckpt['interval_s'] / 60:.1f} min); goodput {result['goodput']:.1%}; "
-        f"{result['spare_nodes']} spare nodes", highlight=False)
-    print_table("runners-up", ["LAYOUT", "STEP S", "TOK/S", "MFU", "GIB/GPU"], [
-        (_layout_text(r["layout"]), f"{r['step_time_s']:.2f}", f"{r['tokens_per_s']:,.0f}",
-         f"{r['mfu']:.1%}", f"{r['memory_gib_per_gpu']:.1f}") for r in result["runners_up"]
-    ])
+        f"{result['spare_nodes']} spare nodes",
+        highlight=False,
+    )
+    print_table(
+        "runners-up",
+        ["LAYOUT", "STEP S", "TOK/S", "MFU", "GIB/GPU"],
+        [
+            (
+                _layout_text(r["layout"]),
+                f"{r['step_time_s']:.2f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['mfu']:.1%}",
+                f"{r['memory_gib_per_gpu']:.1f}",
+            )
+            for r in result["runners_up"]
+        ],
+    )
     examples = result["rejected_examples"]
-    print_table("rejected", ["REASON", "LAYOUTS", "FOR EXAMPLE"], [
-        (reason, f"{count:,}", examples.get(reason, ""))
-        for reason, count in sorted(result["rejected"].items(), key=lambda kv: -kv[1])
-    ])
+    print_table(
+        "rejected",
+        ["REASON", "LAYOUTS", "FOR EXAMPLE"],
+        [
+            (reason, f"{count:,}", examples.get(reason, ""))
+            for reason, count in sorted(result["rejected"].items(), key=lambda kv: -kv[1])
+        ],
+    )

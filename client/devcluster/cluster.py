@@ -264,6 +264,8 @@ def _start_service(
                     str(cluster.kern_log(node)),
                     "--state-dir",
                     str(cluster.state_dir / "nodes" / node),
+                    "--run-logs",
+                    str(cluster.state_dir / "jobs" / "**" / "*.out"),
                 ],
                 log_dir / f"agent-{node}.out",
                 env=cluster.service_env(),

@@ -1,61 +1,163 @@
-"""The node health agent, heartbeat part: says every few seconds that its node is alive.
+"""The node health agent: kernel log (Xid/SXid), NVML, NCCL lines in run logs, heartbeats.
 
-Kernel-log (Xid) parsing, NVML, NCCL scanning and the on-disk outbox come with the health
-issue; this agent already runs per node so the service sees which nodes answer.
+Everything it sees goes through the on-disk outbox, so it reaches the service in order and
+exactly once even if the service or the agent restarts in between.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import httpx
 
+from worker.agent.nvml import NvmlWatcher
+from worker.agent.outbox import Outbox
+from worker.agent.sources import (
+    FileFollower,
+    poll_kernel_file,
+    poll_kmsg,
+    scan_run_logs,
+    signal_event,
+)
+
 log = logging.getLogger("runyard.agent")
+BATCH = 200
 
 
-def gpu_present() -> bool:
-    """NVML where a GPU exists; on the dev cluster there is none, and that is fine."""
-    try:
-        import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return bool(count)
-    except Exception:
-        return False
+def headers() -> dict[str, str]:
+    token = os.environ.get("RUNYARD_AGENT_TOKEN") or os.environ.get("RUNYARD_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def heartbeat_loop(node: str, service_url: str, interval_s: float, stop: threading.Event) -> None:
-    has_gpu = gpu_present()
-    if not has_gpu:
-        log.info("no NVIDIA GPU visible on %s: NVML checks are off", node)
-    with httpx.Client(base_url=service_url, timeout=5.0) as client:
-        while not stop.is_set():
+def deliver(client: httpx.Client, node: str, outbox: Outbox) -> int:
+    """Send queued events oldest first; stop at the first failure and keep the rest."""
+    sent = 0
+    while batch := outbox.peek(BATCH):
+        try:
+            response = client.post(
+                f"/v1/nodes/{node}/events", json={"events": [e for _, e in batch]}
+            )
+        except httpx.HTTPError as exc:
+            log.warning("service unreachable (%s); %d events wait on disk", exc, len(outbox))
+            return sent
+        if response.status_code >= 500 or response.status_code == 429:
+            log.warning("service answered %s; retrying later", response.status_code)
+            return sent
+        if response.status_code >= 400:
+            # Refused as invalid: retrying cannot help, and it must not block what follows.
+            log.error(
+                "service refused %d events (%s): %s",
+                len(batch),
+                response.status_code,
+                response.text[:500],
+            )
+        outbox.ack(batch[-1][0])
+        sent += len(batch)
+    return sent
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.node, self.args = args.node, args
+        state = args.state_dir or Path("/var/lib/runyard-agent") / args.node
+        self.outbox = Outbox(Path(state) / "outbox.sqlite")
+        self.kernel = (
+            FileFollower(args.kernel_log, "kernel", self.outbox) if args.kernel_log else None
+        )
+        self.kmsg_fd = None if args.kernel_log else self._open_kmsg()
+        self.nvml = NvmlWatcher()
+        self.stop = threading.Event()
+        self.client = httpx.Client(base_url=args.service_url, timeout=5.0, headers=headers())
+
+    def _open_kmsg(self) -> int | None:
+        try:
+            return os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            log.warning("cannot read /dev/kmsg (%s); pass --kernel-log FILE", exc)
+            return None
+
+    def watch_once(self) -> None:
+        if self.kernel is not None:
+            poll_kernel_file(self.node, self.kernel)
+        elif self.kmsg_fd is not None:
+            poll_kmsg(self.node, self.outbox, self.kmsg_fd)
+        for kind, gpu, message in self.nvml.poll():
+            self.outbox.put(
+                [
+                    signal_event(
+                        self.node,
+                        f"{self.node}:nvml:{uuid.uuid4()}",
+                        kind,
+                        None,
+                        message,
+                        {"gpu": gpu},
+                    )
+                ]
+            )
+
+    def heartbeat(self) -> None:
+        try:
+            self.client.post(
+                f"/v1/nodes/{self.node}/heartbeat",
+                json={"agent_version": "0.2", "gpu_present": self.nvml.available},
+            )
+        except httpx.HTTPError as exc:
+            log.warning("heartbeat not delivered: %s", exc)
+
+    def run(self) -> None:
+        next_beat = next_logs = 0.0
+        clock = threading.Event()
+        while not self.stop.is_set():
+            now = time.monotonic()
             try:
-                client.post(f"/v1/nodes/{node}/heartbeat",
-                            json={"agent_version": "0.1", "gpu_present": has_gpu})
-            except httpx.HTTPError as exc:
-                log.warning("heartbeat for %s not delivered: %s", node, exc)
-            stop.wait(interval_s)
+                self.watch_once()
+                if self.args.run_logs and now >= next_logs:
+                    scan_run_logs(self.node, self.args.run_logs, self.outbox)
+                    next_logs = now + 5.0
+            except Exception:
+                log.exception("reading the node's signals failed; retrying")
+            deliver(self.client, self.node, self.outbox)
+            if now >= next_beat:
+                self.heartbeat()
+                next_beat = now + self.args.interval_s
+            clock.wait(self.args.poll_s)
+            if self.stop.is_set():
+                break
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="runyard node health agent")
+    parser = argparse.ArgumentParser(prog="runyard agent", description="runyard node health agent")
     parser.add_argument("--node", required=True, help="Slurm node name this agent watches")
-    parser.add_argument("--service-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--kernel-log", type=Path, default=None,
-                        help="file to follow for kernel messages (default: /dev/kmsg)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where the agent keeps its read position and outbox")
-    parser.add_argument("--interval-s", type=float, default=3.0)
+    parser.add_argument(
+        "--service-url", default=os.environ.get("RUNYARD_URL", "http://127.0.0.1:8000")
+    )
+    parser.add_argument(
+        "--kernel-log",
+        type=Path,
+        default=None,
+        help="a file to follow for kernel messages (default: /dev/kmsg)",
+    )
+    parser.add_argument(
+        "--run-logs", default=None, help="glob of run log files to scan for NCCL errors"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="read positions and the outbox (default /var/lib/runyard-agent/NODE)",
+    )
+    parser.add_argument("--interval-s", type=float, default=2.0, help="heartbeat period")
+    parser.add_argument("--poll-s", type=float, default=0.25, help="signal polling period")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{args.node}] %(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    heartbeat_loop(args.node, args.service_url, args.interval_s, stop)
+    agent = Agent(args)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    agent.run()
