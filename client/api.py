@@ -73,5 +73,23 @@ class RunyardClient:
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/nodes")
 
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/nodes/{name}")
+
+    def drain_node(self, name: str, reason: str) -> dict[str, Any] | None:
+        return self._call("POST", f"/v1/admin/nodes/{name}/drain", json={"reason": reason})
+
+    def resume_node(self, name: str, force: bool = False) -> dict[str, Any]:
+        return self._call("POST", f"/v1/admin/nodes/{name}/resume", json={"force": force})
+
+    def get_spares(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/admin/spares")
+
+    def set_spares(self, target: int) -> dict[str, Any]:
+        return self._call("PUT", "/v1/admin/spares", json={"target": target})
+
+    def list_incidents(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/admin/incidents", params={"limit": limit})
+
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")

@@ -111,3 +111,69 @@ def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
         "max_restarts": 2,
     }
     return {**spec, **overrides}
+
+
+class Agents:
+    """One real health agent per node, reporting to the tests' service. Their kernel logs
+    are files of the tests' own, so the dev cluster's agents never see the injected lines."""
+
+    def __init__(self, root: Path, service: ServiceProcess, nodes: list[str]) -> None:
+        self.root, self.service, self.nodes = root, service, nodes
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def kern_log(self, node: str) -> Path:
+        return self.root / node / "kern.log"
+
+    def start(self, node: str) -> None:
+        (self.root / node).mkdir(parents=True, exist_ok=True)
+        self.kern_log(node).touch()
+        with open(self.root / node / "agent.log", "ab") as out:
+            self.procs[node] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "worker.agent",
+                    "--node",
+                    node,
+                    "--service-url",
+                    self.service.url,
+                    "--kernel-log",
+                    str(self.kern_log(node)),
+                    "--state-dir",
+                    str(self.root / node),
+                    "--interval-s",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+            )
+
+    def stop(self, node: str) -> None:
+        proc = self.procs.pop(node, None)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    def append(self, node: str, line: str) -> None:
+        with self.kern_log(node).open("a") as f:
+            f.write(line.rstrip("\n") + "\n")
+
+
+@pytest.fixture(scope="session")
+def agents(service: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    nodes = [f"gpu{i:03d}" for i in range(1, 9)]
+    fleet = Agents(tmp_path_factory.mktemp("agents"), service, nodes)
+    for node in nodes:
+        fleet.start(node)
+    client = service.client()
+    wait_for(
+        "every agent's first heartbeat",
+        lambda: (
+            all(n["last_heartbeat_at"] for n in client.list_nodes() if n["name"] in nodes)
+            and len(client.list_nodes()) >= len(nodes)
+        ),
+    )
+    yield fleet
+    for node in list(fleet.procs):
+        fleet.stop(node)

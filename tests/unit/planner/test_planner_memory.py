@@ -24,8 +24,15 @@ GPT = ModelShape(layers=4, hidden=1024, heads=16, kv_heads=16, ffn=4096, vocab=1
 
 def layout(**overrides: object) -> Layout:
     values: dict[str, object] = dict(
-        dp=8, tp=1, pp=1, cp=1, zero_stage=0, micro_batch_size=1, recompute="none",
-        precision="bf16", vp=1,
+        dp=8,
+        tp=1,
+        pp=1,
+        cp=1,
+        zero_stage=0,
+        micro_batch_size=1,
+        recompute="none",
+        precision="bf16",
+        vp=1,
     )
     values.update(overrides)
     return Layout(**values)  # type: ignore[arg-type]
@@ -50,9 +57,14 @@ def test_zero3_over_8_shards_every_model_state_of_8b() -> None:
     assert mem.optimizer / 2**30 == pytest.approx(11.22, abs=0.01)
 
 
-@pytest.mark.parametrize(("zero", "params", "grads", "optimizer"), [
-    (0, 2, 2, 12), (1, 2, 2, 12 / 8), (2, 2, 2 / 8, 12 / 8),
-])
+@pytest.mark.parametrize(
+    ("zero", "params", "grads", "optimizer"),
+    [
+        (0, 2, 2, 12),
+        (1, 2, 2, 12 / 8),
+        (2, 2, 2 / 8, 12 / 8),
+    ],
+)
 def test_each_zero_stage_shards_one_more_state(
     zero: int, params: float, grads: float, optimizer: float
 ) -> None:
@@ -79,9 +91,7 @@ def test_activations_per_layer_follow_korthikanti_without_dropout() -> None:
 
 
 def test_fp8_keeps_gemm_inputs_in_one_byte() -> None:
-    saved = activation_bytes_per_token(GPT, "none") - activation_bytes_per_token(
-        GPT, "none", "fp8"
-    )
+    saved = activation_bytes_per_token(GPT, "none") - activation_bytes_per_token(GPT, "none", "fp8")
     assert saved == 3 * GPT.hidden + GPT.ffn
 
 
@@ -91,14 +101,18 @@ def test_sequence_and_context_parallel_divide_activations() -> None:
     assert split.activations == pytest.approx(base / 4)
 
 
-@pytest.mark.parametrize(("pp", "vp", "grad_accum", "expected"), [
-    (1, 1, 8, 1.0),  # no pipeline: one micro batch at a time
-    (4, 1, 8, 4.0),  # 1F1B: pp in flight
-    (4, 1, 2, 2.0),  # fewer micro batches than stages
-    (4, 2, 8, 5.5),  # interleaved: pp + (pp - 1) / vp
-])
-def test_pipeline_in_flight_micro_batches(pp: int, vp: int, grad_accum: int,
-                                          expected: float) -> None:
+@pytest.mark.parametrize(
+    ("pp", "vp", "grad_accum", "expected"),
+    [
+        (1, 1, 8, 1.0),  # no pipeline: one micro batch at a time
+        (4, 1, 8, 4.0),  # 1F1B: pp in flight
+        (4, 1, 2, 2.0),  # fewer micro batches than stages
+        (4, 2, 8, 5.5),  # interleaved: pp + (pp - 1) / vp
+    ],
+)
+def test_pipeline_in_flight_micro_batches(
+    pp: int, vp: int, grad_accum: int, expected: float
+) -> None:
     assert in_flight_micro_batches(layout(pp=pp, vp=vp), grad_accum) == expected
 
 
