@@ -43,4 +43,6 @@ def get_session() -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the commit happens when the endpoint returns, before the response is
+# sent, so a client that got its 201 can read what it created on the very next request.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]

@@ -17,7 +17,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TEST_DATABASE = "runyard_test"
+# One database per test session, so two sessions (two developers, or CI beside a developer)
+# never drop each other's data; its name also prefixes the session's Slurm job names.
+TEST_DATABASE = f"runyard_test_{os.getpid()}"
 TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
 
 # Settings are read from the environment: point everything in-process at the test database
@@ -29,7 +31,11 @@ T = TypeVar("T")
 
 
 def wait_for(
-    what: str, probe: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.25
+    what: str,
+    probe: Callable[[], T | None],
+    timeout_s: float = 60.0,
+    interval_s: float = 0.25,
+    context: Callable[[], object] | None = None,
 ) -> T:
     """Poll a state until it holds (returns something truthy); fail naming what never came."""
     deadline = time.monotonic() + timeout_s
@@ -39,16 +45,22 @@ def wait_for(
         if last:
             return last
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})"
+        + (f"; {context()}" if context else "")
+    )
+
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
+def database_url() -> Iterator[str]:
     """A fresh database migrated by Alembic, as `alembic upgrade head` does in production."""
     from client.devcluster import postgres
 
     postgres.ensure_running()
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
         c.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
     subprocess.run(
@@ -58,7 +70,9 @@ def database_url() -> str:
         env={**os.environ, "RUNYARD_DATABASE_URL": TEST_DATABASE_URL},
         capture_output=True,
     )
-    return TEST_DATABASE_URL
+    yield TEST_DATABASE_URL
+    with psycopg.connect(ADMIN_URL, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
 
 
 @pytest.fixture

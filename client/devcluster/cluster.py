@@ -97,12 +97,17 @@ def ensure_slurm_installed(say: Progress) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *SLURM_PACKAGES], check=True, env=env)
 
 
-def _write_configs(cluster: DevCluster, shape: ClusterShape) -> None:
+def _write_configs(cluster: DevCluster, shape: ClusterShape) -> bool:
+    """Render the configs; True if any of them changed."""
     state = cluster.state_dir
     for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
         (state / sub).mkdir(parents=True, exist_ok=True)
+    changed = False
     for name, text in render(shape, state).items():
-        (state / name).write_text(text)
+        path = state / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            changed = True
     for i in range(shape.gpus_per_node):
         device = state / "dev" / f"nvidia{i}"
         if not device.exists():
@@ -115,6 +120,7 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape) -> None:
     (state / "env.sh").write_text(
         f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
     )
+    return changed
 
 
 def _saved_shape(cluster: DevCluster) -> ClusterShape | None:
@@ -164,7 +170,7 @@ def up(
             f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
             f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
         )
-    _write_configs(cluster, shape)
+    changed = _write_configs(cluster, shape)
     _ensure_munge(table, cluster)
     cluster.table.save(table)
 
@@ -182,6 +188,9 @@ def up(
         _wait(
             "slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30
         )
+    elif changed:
+        say("configuration changed: scontrol reconfigure")
+        _run(["scontrol", "reconfigure"], cluster.slurm_env())
     for node in shape.node_names:
         key = f"slurmd:{node}"
         if not (p := table.get(key)) or not is_alive(p):

@@ -92,6 +92,7 @@ def render(shape: ClusterShape, state_dir: Path, munge_socket: str | None = None
         munge_socket=munge_socket,
         state_dir=str(state_dir),
         min_job_age_s=3600,
+        slurmd_timeout_s=10,
         prolog=None,
         epilog=None,
         port_range=f"{FIRST_SLURMD_PORT}-{last_port}" if shape.num_nodes > 1 else last_port,

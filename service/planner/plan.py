@@ -143,7 +143,11 @@ def explain_does_not_fit(
     pinned: Mapping[str, int | str | None] | None = None,
     gpus_per_node: int = 8,
 ) -> str | None:
-    """None when a layout fits; else how far the nearest layout is over, and what helps."""
+    """How far the nearest layout is over memory, and what would help; None if one fits.
+
+    Also None when no layout is valid at all (a pin that does not divide): `plan()` raises
+    that reason, which is not about memory.
+    """
     request = make_request(
         model,
         hardware,

@@ -37,6 +37,9 @@ class ReliabilityAssumptions:
     failures_per_gpu_hour: float = DEFAULT_FAILURES_PER_GPU_HOUR
     storage_bytes_per_s: float = DEFAULT_STORAGE_BYTES_PER_S
     storage_bytes_per_s_per_node: float = DEFAULT_STORAGE_BYTES_PER_S_PER_NODE
+    # Per checkpoint whatever its size: DCP's save planning (an all-gather of plans), the
+    # barrier before the commit marker, metadata and marker writes on a shared filesystem.
+    checkpoint_fixed_s: float = 10.0
     # Detect (heartbeat / NCCL watchdog), drain, swap in a spare, relaunch and re-form
     # NCCL groups: minutes at scale. An assumption to be replaced by measured restarts.
     restart_s: float = 600.0
@@ -115,7 +118,7 @@ def assess(
     mtbi_s = 3600 / (a.failures_per_gpu_hour * num_gpus)
     size = checkpoint_bytes(model)
     storage = min(a.storage_bytes_per_s, num_nodes * a.storage_bytes_per_s_per_node)
-    write_s = size / storage
+    write_s = a.checkpoint_fixed_s + size / storage
     ideal = checkpoint_interval_s(write_s, mtbi_s)
     steps = max(1, round(ideal / step_s)) if step_s > 0 else 1
     interval = steps * step_s

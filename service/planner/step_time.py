@@ -2,9 +2,11 @@
 
 The model, and the few efficiency assumptions it rests on:
 - GEMMs run at the roofline of their shape: the slower of FLOPs at `gemm_efficiency` of
-  peak (a hardware preset, from large-GEMM measurements) and operand bytes at
-  HBM_EFFICIENCY of memory bandwidth, so thin matrices (large tp, small micro batches)
+  peak (a hardware preset, from large-GEMM measurements), charged for tile and wave
+  quantization and each tile's fixed prologue/epilogue, and operand bytes at
+  HBM_EFFICIENCY of memory bandwidth; so thin matrices (large tp, small micro batches)
   lose speed the way they do on the device. Backward is two GEMMs of the same size.
+- FSDP copies gathered weights out and gradients in, through HBM, every micro batch.
 - Fused causal attention runs at `attention_efficiency` of BF16 peak; its backward does
   2.5x the forward's FLOPs (five matrix products against two, Dao 2023).
 - Norms, residual adds, rotary, the MLP activation, FP8 casts and the loss are memory

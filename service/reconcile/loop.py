@@ -54,7 +54,7 @@ class Reconciler:
         steps: list[tuple[str, Callable[[], None]]] = [
             ("sync nodes", lambda: self.sync_nodes(snapshot)),
             ("incidents", lambda: process_incidents(self.settings)),
-            ("node health", lambda: check_nodes(self.settings, snapshot)),
+            ("node health", lambda: check_nodes(self.settings, snapshot, self.started_at)),
             ("hangs", lambda: check_hangs(self.settings, self.started_at)),
             ("spares", lambda: maintain_spares(self.settings, snapshot)),
             ("placement", lambda: attempts.place_pending(self.settings, snapshot)),

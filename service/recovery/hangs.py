@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
+import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import select
 
@@ -66,9 +69,11 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
 
 def collect_stacks(job_id: str, attempt_id: int, num_nodes: int) -> str | None:
     """py-spy dump of every rank, run on the job's own nodes through an overlapping step."""
+    beside = Path(sys.executable).parent / "py-spy"  # installed with runyard[worker]
+    py_spy = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
     script = (
         f'for p in $(pgrep -f "worker.entry .*--attempt-id {attempt_id}$"); do '
-        'echo "== $(hostname) pid $p"; py-spy dump --nonblocking --pid "$p" 2>&1; done'
+        f'echo "== $(hostname) pid $p"; {py_spy} dump --nonblocking --pid "$p" 2>&1; done'
     )
     try:
         out = subprocess.run(

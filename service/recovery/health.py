@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -18,11 +18,13 @@ from service.slurm.snapshot import ClusterSnapshot, is_down
 WATCHED_STATES = (NodeState.HEALTHY, NodeState.SUSPECT, NodeState.SPARE)
 
 
-def check_nodes(settings: Settings, snapshot: ClusterSnapshot) -> None:
+def check_nodes(settings: Settings, snapshot: ClusterSnapshot, watching_since: datetime) -> None:
     """Suspect silent nodes; drain-and-move the dead ones that hold our runs or spares.
 
     An idle node that dies is only recorded: Slurm already keeps jobs off a DOWN node, and
-    draining it would fight whoever else runs on this cluster.
+    draining it would fight whoever else runs on this cluster. Silence is measured from no
+    earlier than `watching_since` (this service's start): a service that was down missed
+    heartbeats that were sent.
     """
     now = utcnow()
     suspect_after = timedelta(seconds=settings.heartbeat_suspect_s)
@@ -48,7 +50,7 @@ def check_nodes(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 continue
             if node.last_heartbeat_at is None:
                 continue  # no agent ever spoke for it: silence proves nothing
-            silence = now - node.last_heartbeat_at
+            silence = now - max(node.last_heartbeat_at, watching_since)
             if silence > dead_after and ours:
                 open_incident(
                     session,

@@ -75,6 +75,7 @@ def compute_goodput(
     by_attempt: dict[int, list[Metric]] = {}
     for m in metrics:
         by_attempt.setdefault(m.attempt_id, []).append(m)
+    committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     recomputed = detection = resubmit = startup = 0.0
     for i, attempt in enumerate(started):
         mine = by_attempt.get(attempt.id, [])
@@ -84,10 +85,20 @@ def compute_goodput(
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
             resubmit += _s(attempt.ended_at, following.started_at)
-        if attempt.state == AttemptState.FAILED and mine:
-            resumed_at = following.resume_step if following and following.resume_step else 0
-            recomputed += sum(m.step_time_s or 0.0 for m in mine if m.step > resumed_at)
-            detection += _s(max(m.recorded_at for m in mine), attempt.ended_at)
+        if attempt.state == AttemptState.FAILED and attempt.ended_at is not None:
+            # Work after the checkpoint the next attempt resumed from is lost: from that
+            # commit to the last step seen it was recomputed; from there to the attempt's
+            # end nobody knew yet (detection). Steps trained but never reported count as
+            # detection, since the service cannot tell them from silence.
+            resume = following.resume_step if following else None
+            commit = committed_at.get(resume) if resume is not None else None
+            lost_from = (max(commit, attempt.started_at or commit) if commit
+                         else attempt.first_step_at)
+            last_seen = max((m.recorded_at for m in mine), default=None)
+            if lost_from is not None:
+                progress_end = max(last_seen or lost_from, lost_from)
+                recomputed += _s(lost_from, min(progress_end, attempt.ended_at))
+                detection += _s(progress_end, attempt.ended_at)
     stalls = sum(c.write_s or 0.0 for c in checkpoints)
     lost = LostTime(
         recomputed_steps_s=recomputed,

@@ -43,6 +43,8 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
         "ntasks_per_node": req.ranks_per_node,  # one task per GPU
         "gpus_per_node": req.ranks_per_node,
         "cpus_per_task": 1,
+        # A training run owns its nodes: nothing else shares their GPUs, memory or NICs.
+        "exclusive": True,
         "time": req.time_limit_min,
         "stderr_to_stdout": True,
         # Ahead of the time limit Slurm sends USR2 so the worker can checkpoint and exit.

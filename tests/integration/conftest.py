@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,16 +17,50 @@ import pytest
 from client.api import RunyardClient
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster
-from tests.conftest import REPO_ROOT, wait_for
+from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
 
-SERVICE_PORT = 18123
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SERVICE_PORT = free_port()
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> DevCluster:
     """The dev cluster's Slurm part (started if it is not up; left running afterwards)."""
     dev = DevCluster(cluster.default_state_dir())
-    return cluster.up(cluster=dev, with_service=False, say=lambda _: None)
+    cluster.up(cluster=dev, with_service=False, say=lambda _: None)
+    clean_up_test_leftovers(dev)
+    return dev
+
+
+def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test") -> None:
+    """Cancel test jobs, delete test reservations and resume runyard's drains.
+
+    Run before a session (an earlier one may have died) and after it: the test suite owns the
+    dev cluster's state while it runs.
+    """
+    env = dev.slurm_env()
+
+    def slurm(*args: str) -> str:
+        return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
+
+    for line in slurm("squeue", "-h", "-o", "%i %j").splitlines():
+        job_id, _, name = line.strip().partition(" ")
+        if name.startswith(prefix):
+            slurm("scancel", job_id)
+    for line in slurm("scontrol", "show", "reservation", "-o").splitlines():
+        name = line.split()[0].partition("=")[2] if line.startswith("ReservationName=") else ""
+        if name.startswith(prefix):
+            slurm("scontrol", "delete", f"reservation={name}")
+    for line in slurm("scontrol", "show", "node", "-o").splitlines():
+        fields = dict(t.partition("=")[::2] for t in line.split() if "=" in t)
+        if "DRAIN" in fields.get("State", "") and "Reason=runyard:" in line:
+            slurm("scontrol", "update", f"nodename={fields['NodeName']}", "state=resume")
 
 
 class ServiceProcess:
@@ -63,6 +98,12 @@ class ServiceProcess:
         except httpx.HTTPError:
             return False
 
+    def kill(self) -> None:
+        """SIGKILL: no lifespan shutdown, no rollback; as when the host dies."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -89,12 +130,17 @@ def service(
         "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
         "RUNYARD_RUN_RECONCILER": "true",
         "RUNYARD_RECONCILE_INTERVAL_S": "0.5",
+        # Fast failure detection, so the recovery tests finish in seconds.
+        "RUNYARD_HEARTBEAT_SUSPECT_S": "4",
+        "RUNYARD_HEARTBEAT_DEAD_S": "8",
+        "RUNYARD_HANG_MIN_S": "8",
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
     }
     svc = ServiceProcess(env, state_dir / "service.log")
     svc.start()
     yield svc
     svc.stop()
+    clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{TEST_DATABASE}")
 
 
 def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:

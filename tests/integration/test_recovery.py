@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from client.api import RunyardClient
-from tests.conftest import wait_for
+from tests.conftest import TEST_DATABASE, wait_for
 from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
 
 pytestmark = pytest.mark.integration
@@ -93,6 +93,203 @@ def test_xid_79_drains_the_node_and_the_spare_takes_over(
     print(f"recovery: signal -> first resumed step {incident['recovery_s']:.1f} s")
     goodput = final["goodput"]
     assert 0 < goodput["goodput"] < 1
-    assert goodput["lost"]["recomputed_steps_s"] > 0
+    lost = goodput["lost"]
+    assert lost["recomputed_steps_s"] + lost["detection_s"] > 0
+    assert lost["drain_and_resubmit_s"] > 0 and lost["startup_and_load_s"] > 0
     kinds = [e["kind"] for e in client.run_events(run_id)]
     assert "recovery.spare_assigned" in kinds
+
+
+def running_attempt(client: RunyardClient, run_id: int, number: int) -> dict | None:
+    attempts = client.get_run(run_id)["attempts"]
+    if len(attempts) >= number and attempts[number - 1]["state"] == "RUNNING":
+        return attempts[number - 1]
+    return None
+
+
+def training_past_a_commit(client: RunyardClient, run_id: int) -> int:
+    first = wait_for("a committed checkpoint", lambda: committed(client, run_id))[0]
+    wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
+    return first
+
+
+def test_killed_slurmd_is_detected_and_recovered(
+    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    """The node is gone: its slurmd and its agent die. Slurm and the heartbeats notice."""
+    from client.devcluster import cluster
+    from client.devcluster.processes import stop
+
+    client = spare_pool
+    spare = client.get_spares()["members"][0]
+    run_id = client.submit_run(tiny_spec("slurmd-killed", steps=400))["id"]
+    training_past_a_commit(client, run_id)
+    gone = client.get_run(run_id)["nodes"][1]
+    slurmd = slurm_cluster.table.load()[f"slurmd:{gone}"]
+    try:
+        stop(slurmd, timeout_s=0)  # SIGKILL at once
+        agents.stop(gone)
+        second = wait_for(
+            "attempt 2 running on the spare",
+            lambda: running_attempt(client, run_id, 2),
+            timeout_s=90,
+        )
+        assert spare in second["nodes"] and gone not in second["nodes"]
+        incident = next(i for i in client.list_incidents() if i["node_name"] == gone)
+        assert incident["signal"] in ("slurm:node_down", "heartbeat:lost")
+        wait_for(
+            "the run to succeed",
+            lambda: client.get_run(run_id)["state"] == "SUCCEEDED",
+            timeout_s=180,
+        )
+    finally:
+        cluster.up(cluster=slurm_cluster, with_service=False, say=lambda _: None)
+        agents.start(gone)
+
+
+def test_stopped_rank_is_a_hang_and_is_restarted_without_draining(
+    service: ServiceProcess, agents: Agents
+) -> None:
+    from client.devcluster.faults import rank_pids
+
+    client = service.client()
+    run_id = client.submit_run(tiny_spec("sigstop", steps=300))["id"]
+    training_past_a_commit(client, run_id)
+    first = client.get_run(run_id)["attempts"][0]
+    pids = wait_for("the ranks", lambda: rank_pids(service.url, first["id"]))
+    os.kill(pids[-1], 19)  # SIGSTOP: alive, silent, holding its peers in a collective
+
+    second = wait_for(
+        "attempt 2 after the hang", lambda: running_attempt(client, run_id, 2), timeout_s=90
+    )
+    assert sorted(second["nodes"]) == sorted(first["nodes"]), "a hang keeps the nodes"
+    incident = next(i for i in client.list_incidents() if i["run_id"] == run_id)
+    assert incident["kind"] == "hang" and incident["action"] == "RESTART"
+    assert "worker" in incident["details"].get("stacks", ""), "py-spy stacks were collected"
+    assert all(client.get_node(n)["state"] != "DRAINED" for n in first["nodes"])
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
+    )
+
+
+def test_killed_rank_restarts_without_draining(service: ServiceProcess, agents: Agents) -> None:
+    from client.devcluster.faults import kill_rank, rank_pids
+
+    client = service.client()
+    run_id = client.submit_run(tiny_spec("sigkill-rank", steps=200))["id"]
+    training_past_a_commit(client, run_id)
+    first = client.get_run(run_id)["attempts"][0]
+    kill_rank(wait_for("the ranks", lambda: rank_pids(service.url, first["id"]))[-1])
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
+    )
+    final = client.get_run(run_id)
+    assert final["num_restarts"] == 1 and final["num_hardware_restarts"] == 0
+    assert all(client.get_node(n)["state"] == "HEALTHY" for n in first["nodes"])
+    assert not [i for i in client.list_incidents() if i["run_id"] == run_id]
+
+
+def test_service_killed_mid_recovery_finishes_it_once(
+    service: ServiceProcess, spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    client, conf = spare_pool, str(slurm_cluster.slurm_conf)
+    run_id = client.submit_run(tiny_spec("service-dies-mid-recovery", steps=400))["id"]
+    training_past_a_commit(client, run_id)
+    bad = client.get_run(run_id)["nodes"][1]
+
+    # The Xid is written while the service is down: the agent keeps it on disk.
+    service.kill()
+    agents.append(bad, XID_79.format(pid=1))
+    wait_for(
+        "the agent to queue the event",
+        lambda: "xid:79" not in drain_reason(bad, conf) and agents.kern_log(bad).stat().st_size > 0,
+    )
+    service.start()
+    # Kill the service again as soon as the recovery has begun (the node is drained).
+    wait_for(
+        f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30, interval_s=0.05
+    )
+    service.kill()
+    service.start()
+
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
+    )
+    final = client.get_run(run_id)
+    assert len(final["attempts"]) == 2, "the recovery submitted exactly one new attempt"
+    incidents = [i for i in client.list_incidents() if i["run_id"] == run_id]
+    assert len(incidents) == 1 and incidents[0]["state"] == "RESOLVED"
+    wait_for("the pool refilled to its target", lambda: len(client.get_spares()["members"]) == 1)
+    spare = incidents[0]["spare_node"]
+    assert spare not in client.get_spares()["members"], "the used spare left the pool"
+    assert sorted(final["attempts"][1]["nodes"]) == sorted(
+        [n for n in final["attempts"][0]["nodes"] if n != bad] + [spare]
+    )
+
+
+def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
+    service: ServiceProcess, agents: Agents, slurm_cluster
+) -> None:
+    """No spare and a full cluster: the run waits, and a pending job cannot take its node."""
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    client.set_spares(0)
+    run_id = client.submit_run(tiny_spec("no-spare", steps=400))["id"]
+    training_past_a_commit(client, run_id)
+    healthy, bad = client.get_run(run_id)["nodes"]
+    free = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
+    blocker = slurm(
+        "sbatch",
+        "--parsable",
+        "--exclusive",
+        f"-N{free}",
+        f"--job-name=runyard-{TEST_DATABASE}-blocker",
+        "--wrap",
+        "sleep 600",
+        conf=conf,
+    ).strip()
+    waiting = slurm(
+        "sbatch",
+        "--parsable",
+        "--exclusive",
+        "-N1",
+        f"--job-name=runyard-{TEST_DATABASE}-waiting",
+        "--wrap",
+        "sleep 1",
+        conf=conf,
+    ).strip()
+    try:
+        wait_for(
+            "the blocker to fill the cluster",
+            lambda: (
+                slurm("squeue", "-h", "-j", blocker, "-o", "%T", conf=conf).strip() == "RUNNING"
+            ),
+        )
+        agents.append(bad, XID_79.format(pid=2))
+        wait_for(
+            "the run to say it waits",
+            lambda: "waiting for 1 free" in client.get_run(run_id)["state_reason"],
+            timeout_s=30,
+            context=lambda: [e["message"] for e in client.run_events(run_id)][-8:],
+        )
+        kinds = [e["kind"] for e in client.run_events(run_id)]
+        assert "recovery.no_spare" in kinds
+        # Its healthy node is idle in Slurm but held by the run's reservation.
+        state = slurm("squeue", "-h", "-j", waiting, "-o", "%T %N", conf=conf).strip()
+        assert state.startswith("PENDING"), (
+            state,
+            free,
+            slurm("scontrol", "show", "res", conf=conf),
+            slurm("sinfo", "-N", conf=conf),
+        )
+        assert client.get_run(run_id)["nodes"] == [healthy]
+    finally:
+        slurm("scancel", blocker, conf=conf)
+    wait_for(
+        "the run to succeed once nodes are free",
+        lambda: client.get_run(run_id)["state"] == "SUCCEEDED",
+        timeout_s=180,
+    )
+    final = client.get_run(run_id)
+    assert healthy in final["attempts"][-1]["nodes"]
+    client.resume_node(bad)
+    slurm("scancel", waiting, conf=conf)

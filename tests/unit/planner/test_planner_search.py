@@ -30,8 +30,8 @@ def request(
         seq,
         batch_tokens // seq,
         "bf16",
-        Pinned(**pins),
-    )  # type: ignore[arg-type]
+        Pinned(**pins),  # type: ignore[arg-type]
+    )
 
 
 def test_layouts_that_do_not_divide_are_rejected_with_the_reason() -> None:
@@ -69,7 +69,9 @@ def test_every_enumerated_layout_is_chosen_or_counted_once() -> None:
 
 
 def test_fully_pinned_layout_is_evaluated_exactly() -> None:
-    pins = dict(dp=2, tp=2, pp=2, cp=1, zero_stage=1, micro_batch_size=2, recompute="full", vp=4)
+    pins: dict[str, int | str | None] = dict(
+        dp=2, tp=2, pp=2, cp=1, zero_stage=1, micro_batch_size=2, recompute="full", vp=4
+    )
     result = plan(LLAMA3_8B, "h100-sxm", 8, 8192, ONE_MILLION, pinned=pins)
     got = result.layout
     assert (

@@ -8,15 +8,16 @@ from service.planner.collectives import Fabric
 from service.planner.hardware import HARDWARE, Network
 from service.planner.layout import Layout
 from service.planner.presets import MODEL_PRESETS
-from service.planner.step_time import estimate_step
+from service.planner.step_time import StepTime, estimate_step
 from service.planner.transformer import matmul_params, model_flops_per_token
+from worker.config import ModelShape
 
 H100 = HARDWARE["h100-sxm"]
 FABRIC = Fabric.of(H100, Network.IB, 8)
 LLAMA3_70B = MODEL_PRESETS["llama3-70b"]
 
 
-def step(model: object = LLAMA3_70B, grad_accum: int = 8, **overrides: object) -> object:
+def step(model: ModelShape = LLAMA3_70B, grad_accum: int = 8, **overrides: object) -> StepTime:
     values: dict[str, object] = dict(
         dp=1,
         tp=8,
@@ -29,14 +30,8 @@ def step(model: object = LLAMA3_70B, grad_accum: int = 8, **overrides: object) -
         vp=1,
     )
     values.update(overrides)
-    return estimate_step(
-        model,
-        H100,
-        FABRIC,
-        Layout(**values),
-        8192,  # type: ignore[arg-type]
-        grad_accum,
-    )
+    layout = Layout(**values)  # type: ignore[arg-type]
+    return estimate_step(model, H100, FABRIC, layout, 8192, grad_accum)
 
 
 def test_mfu_convention_is_6n_plus_12_l_h_s() -> None:
@@ -48,30 +43,30 @@ def test_mfu_convention_is_6n_plus_12_l_h_s() -> None:
 
 def test_bubble_is_pp_minus_one_over_micro_batches() -> None:
     s = step(grad_accum=8)
-    per_micro_batch = (s.compute_s + s.tp_comm_s + s.cp_comm_s) / 8  # type: ignore[attr-defined]
-    assert s.bubble_s == pytest.approx(3 * per_micro_batch)  # type: ignore[attr-defined]
+    per_micro_batch = (s.compute_s + s.tp_comm_s + s.cp_comm_s) / 8
+    assert s.bubble_s == pytest.approx(3 * per_micro_batch)
 
 
 def test_interleaving_divides_the_bubble_by_virtual_stages() -> None:
     plain, interleaved = step(vp=1), step(vp=5)
-    assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 5)  # type: ignore[attr-defined]
+    assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 5)
 
 
 def test_fp8_is_faster_but_not_twice_as_fast() -> None:
     bf16, fp8 = step(), step(precision="fp8")
-    ratio = bf16.total_s / fp8.total_s  # type: ignore[attr-defined]
+    ratio = bf16.total_s / fp8.total_s
     assert 1.1 < ratio < 2.0
 
 
 def test_recompute_costs_time_in_order() -> None:
-    times = [step(recompute=r).total_s for r in ("none", "selective", "full")]  # type: ignore[attr-defined]
+    times = [step(recompute=r).total_s for r in ("none", "selective", "full")]
     assert times == sorted(times)
     assert times[2] / times[0] == pytest.approx(4 / 3, rel=0.1)  # one more forward
 
 
 def test_tensor_parallel_traffic_is_zero_without_tensor_parallel() -> None:
     s = step(model=MODEL_PRESETS["llama3-8b"], tp=1, pp=1, dp=8)
-    assert s.tp_comm_s == 0 and s.bubble_s == 0  # type: ignore[attr-defined]
+    assert s.tp_comm_s == 0 and s.bubble_s == 0
 
 
 def test_collectives_use_nvlink_inside_a_node_and_nics_across() -> None:

@@ -11,7 +11,7 @@ from worker_helpers import FakeService, free_port, tiny_spec
 
 from worker import reporter as reporter_module
 from worker.errors import DoNotRetryError
-from worker.reporter import HttpReporter, fetch_config
+from worker.reporter import HttpReporter, fetch_config, post_error
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -52,6 +52,16 @@ def test_an_outage_loses_nothing_and_keeps_order(fake_service: FakeService) -> N
         reporter.metric(step, 4.0, 1.0, 0.1)
     reporter.close()
     assert steps_received(fake_service) == list(range(1, 21))
+
+
+def test_rows_the_service_refuses_do_not_hold_back_later_ones(fake_service: FakeService) -> None:
+    fake_service.fail_first["/progress"], fake_service.failure_status = 1, 422
+    reporter = HttpReporter(fake_service.url, 7, node="n", interval_s=0.02)
+    reporter.metric(1, 4.0, 1.0, 0.1)
+    wait_until(lambda: reporter.pending() == 0)
+    reporter.metric(2, 4.0, 1.0, 0.1)
+    reporter.close()
+    assert steps_received(fake_service) == [2]
 
 
 def test_service_down_never_blocks_and_caps_the_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,3 +118,13 @@ def test_fetch_config(fake_service: FakeService, tmp_path: Path) -> None:
 def test_fetch_config_of_an_unknown_attempt_is_final(fake_service: FakeService) -> None:
     with pytest.raises(DoNotRetryError, match="404"):
         fetch_config(fake_service.url, 8)
+
+
+def test_a_dying_rank_reports_its_collective_error(fake_service: FakeService) -> None:
+    fake_service.fail_first["/errors"] = 1
+    post_error(
+        fake_service.url, 7, rank=1, node="gpu002", kind="nccl:connection_reset", message="x"
+    )
+    assert fake_service.bodies("/errors") == [
+        {"rank": 1, "node": "gpu002", "kind": "nccl:connection_reset", "message": "x"}
+    ]

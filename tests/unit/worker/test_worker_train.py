@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,44 @@ def test_resume_from_an_uncommitted_folder_exits_do_not_retry(
     )
     assert main(["--spec", str(write_spec(tmp_path, spec))]) == ExitCode.DO_NOT_RETRY
     assert "has no COMMITTED marker" in capsys.readouterr().err
+
+
+def test_missing_spec_file_exits_do_not_retry(tmp_path: Path, capsys) -> None:
+    assert main(["--spec", str(tmp_path / "missing.yaml")]) == ExitCode.DO_NOT_RETRY
+    assert "cannot read spec" in capsys.readouterr().err
+
+
+class ActAfterStep(FileReporter):
+    """Records like FileReporter, and does `action` once step `at` was reported."""
+
+    def __init__(self, path: Path, at: int, action: Callable[[FileReporter], None]) -> None:
+        super().__init__(path)
+        self.at, self.action = at, action
+
+    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+        super().metric(step, loss, tokens_per_s, step_time_s)
+        if step == self.at:
+            self.action(self)
+
+
+def cancel(reporter: FileReporter) -> None:
+    reporter.cancel_requested = True  # what HttpReporter sets on run_state CANCELLING
+
+
+def time_limit_signal(reporter: FileReporter) -> None:
+    os.kill(os.getpid(), signal.SIGUSR2)  # what Slurm sends ahead of the time limit
+
+
+@pytest.mark.parametrize("action", [cancel, time_limit_signal])
+def test_a_stop_request_ends_with_a_checkpoint_and_no_finish(
+    tmp_path: Path, data_cache_dir: Path, action: Callable[[FileReporter], None]
+) -> None:
+    config = WorkerRunConfig.model_validate(tiny_spec(tmp_path / "ckpt", data_cache_dir))
+    metrics = tmp_path / "metrics.jsonl"
+    result = train(config, read_launch_env({}), ActAfterStep(metrics, at=2, action=action))
+    # Seen by the loop at the next step's all-reduce: step 3 is the last.
+    assert (result.final_step, result.final_checkpoint_step, result.stopped_early) == (3, 3, True)
+    assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
+    assert (tmp_path / "ckpt" / "step_00000003" / "COMMITTED").exists()
+    assert read_metrics(metrics, "finish") == []
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # handler removed again

@@ -52,6 +52,7 @@ class FakeService:
     config: dict[str, Any] | None = None
     run_state: str = "RUNNING"
     fail_first: dict[str, int] = field(default_factory=dict)  # path suffix -> failures left
+    failure_status: int = 503  # what those failures answer
     received: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
