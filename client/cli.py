@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from client.commands import dev, node, run
+from client.commands import dev, node, plan, run
 
 app = typer.Typer(
     help="runyard: training-run orchestration for Slurm clusters.",
@@ -14,6 +14,7 @@ app = typer.Typer(
 app.add_typer(run.app, name="run")
 app.add_typer(node.app, name="node")
 app.add_typer(dev.app, name="dev")
+app.command(name="plan")(plan.plan)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -243,7 +243,7 @@ def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
         "--exclusive",
         f"-N{free}",
         f"--job-name=runyard-{TEST_DATABASE}-blocker",
-        "--wrap",
+        "--output=/dev/null", "--wrap",
         "sleep 600",
         conf=conf,
     ).strip()
@@ -253,7 +253,7 @@ def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
         "--exclusive",
         "-N1",
         f"--job-name=runyard-{TEST_DATABASE}-waiting",
-        "--wrap",
+        "--output=/dev/null", "--wrap",
         "sleep 1",
         conf=conf,
     ).strip()
