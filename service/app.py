@@ -16,6 +16,7 @@ from service.config import get_settings
 from service.db import get_engine
 from service.errors import install_error_handlers
 from service.nodes.endpoints import router as nodes_router
+from service.plans.endpoints import router as plans_router
 from service.reconcile.loop import run_forever
 from service.runs.endpoints import router as runs_router
 from service.workers.endpoints import router as worker_router
@@ -53,6 +54,7 @@ def create_app() -> FastAPI:
     app.include_router(nodes_router)
     app.include_router(worker_router)
     app.include_router(admin_router)
+    app.include_router(plans_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
         default=True, description="Run the background reconcile loop inside the API process."
     )
 
+    hardware: str = Field(
+        default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
+    )
+    network: str = Field(default="ib", description="ib or efa, for the planner's admission.")
     classification_file: Path | None = Field(
         default=None,
         description='JSON {"xid:94": "DRAIN_AND_MOVE", ...} overriding rows of the '

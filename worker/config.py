@@ -55,7 +55,9 @@ class ModelShape(_Frozen):
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+            raise ValueError(
+                f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"
+            )
         return self
 
     @property

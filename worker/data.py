@@ -14,9 +14,11 @@ so a resume on another dp degree sees the same data, and the data position is th
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import math
 import os
+import platform
 import sysconfig
 from pathlib import Path
 
@@ -46,6 +48,7 @@ def write_shards(folder: Path, tokens: np.ndarray, vocab: int, source: str) -> N
         "dtype": tokens.dtype.name,
         "vocab": vocab,
         "num_tokens": len(tokens),
+        "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),  # to compare two packings
         "source": source,
         "shards": shards,
     }
@@ -85,9 +88,8 @@ def ensure_builtin_corpus(cache_dir: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / INDEX_FILE).exists():  # another process may have packed it meanwhile
             tokens = np.frombuffer(stdlib_source_bytes(), dtype=np.uint8)
-            write_shards(
-                folder, tokens, vocab=256, source=f"stdlib {sysconfig.get_paths()['stdlib']}"
-            )
+            source = f"Python {platform.python_version()} stdlib {sysconfig.get_paths()['stdlib']}"
+            write_shards(folder, tokens, vocab=256, source=source)
     return folder
 
 

@@ -140,9 +140,11 @@ def pick_device(local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device
-    # On CPU, use the cores Slurm gave this task rather than every core of the node.
-    if "SLURM_CPUS_PER_TASK" in os.environ:
-        torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
+    # On CPU under Slurm, use the cores Slurm gave this task (one if it did not say), not
+    # every core of the machine: the dev cluster runs several slurmd "nodes" on one box, and
+    # oversubscribed OpenMP threads spin (a 4x slower step was seen on two cores).
+    if "SLURM_JOB_ID" in os.environ:
+        torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
     return torch.device("cpu")
 
 

@@ -19,10 +19,12 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
 
     Exits with ExitCode.DO_NOT_RETRY when the spec cannot work (unsupported layout, invalid
     config, a resume point that was never committed); any other failure propagates as an
-    exception (non-zero exit: RETRYABLE for the service).
+    exception (non-zero exit: RETRYABLE for the service), after a collective failure (a
+    dead peer, a timeout) is first reported to POST .../errors.
     """
     from worker.errors import DoNotRetryError
-    from worker.reporter import HttpReporter, Reporter, fetch_config
+    from worker.failures import classify_collective_error
+    from worker.reporter import HttpReporter, Reporter, fetch_config, post_error
 
     try:
         config = fetch_config(service_url, attempt_id)
@@ -35,12 +37,26 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
 
         launch = read_launch_env()
         reporter: Reporter = Reporter()
-        if launch.rank == 0:  # only rank 0 talks to the service after the config fetch
+        if launch.rank == 0:  # rank 0 reports progress; other ranks only report their errors
             reporter = HttpReporter(
                 service_url, attempt_id, node=launch.node, interval_s=config.report_interval_s
             )
         try:
             train(config, launch, reporter)
+        except Exception as exc:
+            # A peer died or the network failed: say so before exiting, so the run's
+            # timeline shows the cause and not only "exit code 1".
+            kind = classify_collective_error(exc)
+            if kind is not None:
+                post_error(
+                    service_url,
+                    attempt_id,
+                    rank=launch.rank,
+                    node=launch.node,
+                    kind=kind,
+                    message=f"{type(exc).__name__}: {exc}",
+                )
+            raise
         finally:
             reporter.close()
     except DoNotRetryError as exc:

@@ -107,6 +107,9 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """Token ids (batch, seq) -> next-token logits (batch, seq, vocab)."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, shape: ModelShape, max_seq_len: int = 8192) -> None:
         super().__init__()
         self.shape = shape

@@ -36,7 +36,9 @@ MAX_BATCH = 1_000  # rows per progress POST
 MAX_BACKOFF_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
 CHECKPOINT_RETRY_S = 60.0  # then log and go on: losing a registration beats losing training
+WRITING_RETRY_S = 3.0  # a WRITING registration is best effort
 FIRST_RETRY_WAIT_S = 0.5  # doubling up to 10 s between tries
+ERROR_REPORT_RETRY_S = 10.0  # a failing rank should not linger long
 
 
 def _auth_headers() -> dict[str, str]:
@@ -82,6 +84,27 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
         raise DoNotRetryError(f"invalid config from {url}: {exc}") from exc
 
 
+def post_error(
+    service_url: str, attempt_id: int, *, rank: int, node: str, kind: str, message: str
+) -> None:
+    """Tell the service why this rank is about to exit (any rank; bounded: it is dying)."""
+    url = f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}/errors"
+    body = {"rank": rank, "node": node[:64], "kind": kind, "message": message[:4000]}
+    retrying = Retrying(
+        retry=retry_if_exception(_is_retryable),
+        stop=stop_after_delay(ERROR_REPORT_RETRY_S),
+        wait=wait_exponential(multiplier=FIRST_RETRY_WAIT_S, max=2.0),
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                response = httpx.post(url, json=body, headers=_auth_headers(), timeout=5.0)
+                response.raise_for_status()
+    except httpx.HTTPError as exc:
+        _warn(f"POST {url} {kind} not delivered: {exc!r}")
+
+
 class Reporter:
     """The no-op reporter: standalone runs and ranks other than 0. Subclasses send."""
 
@@ -92,8 +115,11 @@ class Reporter:
 
     def checkpoint(
         self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
-    ) -> None:
-        """Register a checkpoint as WRITING or COMMITTED (blocks, bounded)."""
+    ) -> bool:
+        """Register a checkpoint as WRITING or COMMITTED (blocks, bounded). True once the
+        service has it: only then may older checkpoints be pruned, because the service resumes
+        from the newest commit *it* knows of."""
+        return True
 
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
         """Tell the service the run trained all its steps (blocks, bounded)."""
@@ -120,10 +146,11 @@ class FileReporter(Reporter):
 
     def checkpoint(
         self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
-    ) -> None:
+    ) -> bool:
         self._append(
             "checkpoint", step=step, path=path, state=state, num_bytes=num_bytes, write_s=write_s
         )
+        return True
 
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
         self._append("finish", final_step=final_step, final_checkpoint_step=final_checkpoint_step)
@@ -172,7 +199,10 @@ class HttpReporter(Reporter):
             wait_s = min(self.interval_s * 2**self._failures, MAX_BACKOFF_S)
             if self._stop.wait(wait_s):
                 return
-            self.flush_once()
+            try:
+                self.flush_once()
+            except Exception as exc:  # a bug here must not silence every later report
+                _warn(f"progress flush crashed, will retry: {exc!r}")
 
     def flush_once(self) -> bool:
         """POST the oldest buffered rows; True when the buffer is (now) empty."""
@@ -186,26 +216,40 @@ class HttpReporter(Reporter):
                 response = self._client.post("/progress", json=body)
                 response.raise_for_status()
             except httpx.HTTPError as exc:
-                if self._failures == 0:
-                    _warn(f"progress report failed, will retry: {exc!r}")
-                self._failures = min(self._failures + 1, 10)
-                return False
-            if self._failures:
-                _warn("progress reports delivered again")
-            self._failures = 0
+                if _is_retryable(exc):
+                    if self._failures == 0:
+                        _warn(f"progress report failed, will retry: {exc!r}")
+                    self._failures = min(self._failures + 1, 10)
+                    return False
+                # The service refused these rows (4xx): resending cannot succeed, and would
+                # hold back every later row. Drop them, loudly.
+                _warn(
+                    f"progress rows {batch[0][1]['step']}..{batch[-1][1]['step']} refused: {exc!r}"
+                )
+            else:
+                if self._failures:
+                    _warn("progress reports delivered again")
+                self._failures = 0
+                self._read_run_state(response)
             last_sent = batch[-1][0]
-            with self._lock:  # drop what was delivered; rows dropped meanwhile are already gone
+            with self._lock:  # drop what was sent; rows dropped for space meanwhile are gone
                 while self._buffer and self._buffer[0][0] <= last_sent:
                     self._buffer.popleft()
-                empty = not self._buffer
-        if response.headers.get("content-type", "").startswith("application/json"):
-            self.cancel_requested = response.json().get("run_state") == "CANCELLING"
-        return empty
+                return not self._buffer
 
-    def _post_with_retry(self, path: str, body: dict[str, Any]) -> None:
+    def _read_run_state(self, response: httpx.Response) -> None:
+        try:
+            run_state = response.json().get("run_state")
+        except (ValueError, AttributeError):
+            return
+        self.cancel_requested = run_state == "CANCELLING"
+
+    def _post_with_retry(
+        self, path: str, body: dict[str, Any], stop_after_s: float = CHECKPOINT_RETRY_S
+    ) -> bool:
         retrying = Retrying(
             retry=retry_if_exception(_is_retryable),
-            stop=stop_after_delay(CHECKPOINT_RETRY_S),
+            stop=stop_after_delay(stop_after_s),
             wait=wait_exponential(multiplier=FIRST_RETRY_WAIT_S, max=10.0),
             reraise=True,
         )
@@ -215,10 +259,12 @@ class HttpReporter(Reporter):
                     self._client.post(path, json=body).raise_for_status()
         except httpx.HTTPError as exc:
             _warn(f"POST {path} {body} not delivered, giving up: {exc!r}")
+            return False
+        return True
 
     def checkpoint(
         self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
-    ) -> None:
+    ) -> bool:
         body = {
             "step": step,
             "path": path,
@@ -226,7 +272,10 @@ class HttpReporter(Reporter):
             "num_bytes": num_bytes,
             "write_s": write_s,
         }
-        self._post_with_retry("/checkpoints", body)
+        # WRITING is informational: a service that is down must not stall training for it.
+        # COMMITTED is what resumes rely on: worth waiting for, within a bound.
+        stop_after_s = WRITING_RETRY_S if state == "WRITING" else CHECKPOINT_RETRY_S
+        return self._post_with_retry("/checkpoints", body, stop_after_s)
 
     def _drain(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 import time
-from contextlib import nullcontext
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 import yaml
 
 from worker import checkpoint
-from worker.config import ExitCode, Precision, WorkerRunConfig
+from worker.config import ExitCode, Precision, ResumePoint, WorkerRunConfig
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -43,9 +47,12 @@ MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
 
 @dataclass(frozen=True)
 class TrainResult:
+    """Where an attempt stopped: the service's `finish` body, and whether it stopped early
+    (cancelled by the service, or the Slurm time limit near)."""
+
     final_step: int
     final_checkpoint_step: int
-    cancelled: bool
+    stopped_early: bool
 
 
 def lr_at(step: int, config: WorkerRunConfig) -> float:
@@ -58,17 +65,36 @@ def lr_at(step: int, config: WorkerRunConfig) -> float:
     return config.lr * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * cosine)
 
 
-def _check_resume_point(path: Path, device: torch.device) -> None:
-    """All ranks agree whether `path` can be loaded, so none is left waiting in a collective."""
+def _check_resume_point(resume: ResumePoint) -> None:
+    """All ranks agree on the resume point and that it can be loaded, so none is left
+    waiting in a collective that the others never enter."""
+    path = Path(resume.path)
     status = 0 if checkpoint.is_committed(path) else (1 if path.parent.is_dir() else 2)
-    verdict = torch.tensor([status])
+    verdict = torch.tensor([status, resume.step, -resume.step])
     dist.all_reduce(verdict, op=dist.ReduceOp.MAX)  # sync: the worst rank's view wins
-    if verdict.item() == 2:  # a node without the shared filesystem: another node may do
+    worst, highest_step, lowest_step = verdict[0].item(), verdict[1].item(), -verdict[2].item()
+    if highest_step != lowest_step:  # e.g. --resume on nodes whose filesystem views differ
+        raise RuntimeError(f"ranks chose different resume steps ({lowest_step}..{highest_step})")
+    if worst == 2:  # a node without the shared filesystem: another node may do
         raise FileNotFoundError(f"checkpoint folder {path.parent} is not visible on every node")
-    if verdict.item() == 1:  # the service pointed at a save that never completed
+    if worst == 1:  # the service pointed at a save that never completed
         raise CheckpointNotCommittedError(
             f"resume_from {path} has no COMMITTED marker: resume from a committed checkpoint"
         )
+
+
+@contextmanager
+def _event_on_signal(signum: signal.Signals) -> Iterator[threading.Event]:
+    """An event set when `signum` arrives (signal handlers can only be set on the main thread)."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.signal(signum, lambda *_: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signum, previous)
 
 
 def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> TrainResult:
@@ -77,13 +103,26 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
     device = pick_device(launch.local_rank)
     init_distributed(launch, device)
     try:
-        return _train(config, launch, reporter, device)
+        # Slurm sends SIGUSR2 ahead of the time limit (sbatch --signal, set by the service):
+        # stop at the next step with a checkpoint instead of being killed between two.
+        with _event_on_signal(signal.SIGUSR2) as time_limit_near:
+            return _train(config, reporter, device, time_limit_near)
+    except BaseException as exc:
+        # The failed frame still holds the DDP model, whose reducer holds the process group.
+        # Dropped after destroy_process_group(), the group would be destroyed with the GIL
+        # held while gloo's worker thread waits for the GIL: a hang instead of an exit
+        # (pytorch/pytorch#56297). Free those locals now, while the group is still alive.
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         shutdown_distributed()
 
 
 def _train(
-    config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter, device: torch.device
+    config: WorkerRunConfig,
+    reporter: Reporter,
+    device: torch.device,
+    time_limit_near: threading.Event,
 ) -> TrainResult:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
@@ -119,8 +158,8 @@ def _train(
     state = checkpoint.training_state(model, optimizer, trainer, rank)
     checkpoint_dir = config.checkpoint_path
     if config.resume_from is not None:
+        _check_resume_point(config.resume_from)
         path = Path(config.resume_from.path)
-        _check_resume_point(path, device)
         checkpoint.load(path, state)  # collective: each rank reads the parts it needs
         if is_rank0:
             print(f"resumed from {path} at step {trainer.step}", flush=True)
@@ -134,7 +173,7 @@ def _train(
     )
     accum, mbs = config.grad_accum, config.layout.micro_batch_size
     tokens_per_step = config.global_batch * config.seq_len
-    last_checkpoint_step, cancelled = trainer.step, False
+    last_checkpoint_step, stopped_early = trainer.step, False
 
     for step in range(trainer.step + 1, config.steps + 1):
         step_start = time.perf_counter()
@@ -143,11 +182,8 @@ def _train(
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
-            inputs, targets = batches.micro_batch(step, micro, dp_rank, dp_degree, mbs)
-            inputs, targets = (
-                inputs.to(device, non_blocking=True),
-                targets.to(device, non_blocking=True),
-            )
+            batch = batches.micro_batch(step, micro, dp_rank, dp_degree, mbs)
+            inputs, targets = (t.to(device, non_blocking=True) for t in batch)
             # sync: DDP all-reduces gradients during backward; no_sync() defers that to
             # the last micro step, so accumulation costs one all-reduce per step.
             with nullcontext() if micro == accum - 1 else model.no_sync():
@@ -161,8 +197,11 @@ def _train(
         optimizer.zero_grad(set_to_none=True)
 
         # sync: one all-reduce carries the loss (averaged over ranks, so rank 0 reports the
-        # global loss) and rank 0's "the service asked us to stop", so all ranks stop alike.
-        stop_flag = 1.0 if is_rank0 and reporter.cancel_requested else 0.0
+        # global loss) and any rank's reason to stop (the service cancelling the run, seen
+        # by rank 0; Slurm's time-limit signal, which ranks may see at different steps), so
+        # that every rank stops after the same step.
+        cancel = is_rank0 and reporter.cancel_requested
+        stop_flag = 1.0 if cancel or time_limit_near.is_set() else 0.0
         stats = torch.stack([loss_sum / accum, torch.tensor(stop_flag, device=device)])
         dist.all_reduce(stats)
         loss_total, stop_total = stats.tolist()  # host sync: waits for the step to finish
@@ -187,27 +226,39 @@ def _train(
             saved = checkpoint.save(checkpoint_dir, step, state)  # collective, with barriers
             last_checkpoint_step = step
             if is_rank0:
-                reporter.checkpoint(step, target, "COMMITTED", saved.num_bytes, saved.write_s)
+                known = reporter.checkpoint(
+                    step, target, "COMMITTED", saved.num_bytes, saved.write_s
+                )
                 print(
                     f"checkpoint step {step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s",
                     flush=True,
                 )
-                checkpoint.prune(checkpoint_dir, config.keep_checkpoints)
+                # Prune only once the service knows of this commit: until then it would
+                # resume a new attempt from an older one, which must still be on disk.
+                if known:
+                    checkpoint.prune(checkpoint_dir, config.keep_checkpoints)
         maybe_crash("after_step", step, rank)
         if stop:
-            cancelled = True
+            stopped_early = True
             if is_rank0:
-                print(f"stopping at step {step}: the service is cancelling the run", flush=True)
+                why = "the service is cancelling the run" if cancel else "Slurm time limit near"
+                print(f"stopping after step {step}: {why}", flush=True)
             break
 
-    if is_rank0 and not cancelled:
+    # Stopped early, the run is not finished: the service resumes or cancels it.
+    if is_rank0 and not stopped_early:
         reporter.finish(trainer.step, last_checkpoint_step)
-    return TrainResult(trainer.step, last_checkpoint_step, cancelled)
+    return TrainResult(trainer.step, last_checkpoint_step, stopped_early)
 
 
 def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:
     """A WorkerRunConfig from YAML or JSON, with defaults for the ids a standalone run lacks."""
-    raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw: dict[str, Any] = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DoNotRetryError(f"cannot read spec {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise DoNotRetryError(f"spec {path} is not a mapping of WorkerRunConfig fields")
     raw.setdefault("run_id", 0)
     raw.setdefault("attempt_id", 0)
     raw.setdefault("attempt_number", 1)

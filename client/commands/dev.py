@@ -63,14 +63,18 @@ def demo(
     no_failure: bool = typer.Option(False, "--no-failure", help="Do not inject a failure."),
     timeout_s: float = typer.Option(600, help="Give up after this long."),
 ) -> None:
-    """Submit a small run on 2 nodes, kill one of its ranks mid-run, and watch it recover."""
+    """Train on 2 nodes with a spare held; an Xid 79 hits one node mid-run; watch it recover."""
     from client.api import ApiError, RunyardClient
-    from client.devcluster.demo import DemoFailed, run_demo, summarize
+    from client.devcluster.demo import DemoFailed, return_drained_nodes, run_demo, summarize
 
-    client = RunyardClient(cluster.DevCluster(cluster.default_state_dir()).service_url)
+    dev = cluster.DevCluster(cluster.default_state_dir())
+    client = RunyardClient(dev.service_url)
     try:
-        run = run_demo(client, console, inject_failure=not no_failure, timeout_s=timeout_s)
+        run = run_demo(
+            client, console, dev.kern_log, inject_failure=not no_failure, timeout_s=timeout_s
+        )
         summarize(client, console, run)
+        return_drained_nodes(client, console)
     except ApiError as exc:
         fail(exc.message, Exit.UNREACHABLE if exc.status is None else Exit.ERROR)
     except DemoFailed as exc:

@@ -1,17 +1,18 @@
-"""`runyard node ...`: the cluster's nodes."""
+"""`runyard node ...`: the cluster's nodes, and what on-call does to them."""
 
 from __future__ import annotations
 
 import typer
 
 from client.commands.common import call
-from client.output import print_json, print_table, short_time
+from client.output import console, hint, print_json, print_table, short_time
 
 app = typer.Typer(help="Compute nodes.", no_args_is_help=True)
+JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
 
 
 @app.command("list")
-def list_(json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def list_(json: bool = JSON) -> None:
     """Every node: runyard's state, Slurm's state, switch and last heartbeat."""
     nodes = call(lambda c: c.list_nodes())
     if json:
@@ -32,3 +33,53 @@ def list_(json: bool = typer.Option(False, "--json", help="Print JSON for script
             for n in nodes
         ],
     )
+
+
+@app.command()
+def show(name: str, json: bool = JSON) -> None:
+    """One node with its history: state changes, Xids, heartbeats lost."""
+    node = call(lambda c: c.get_node(name))
+    if json:
+        return print_json(node)
+    console.print(
+        f"[bold]{node['name']}[/bold] {node['state']} ({node['state_reason']}); "
+        f"Slurm {node['slurm_state']} {node['slurm_reason']}; switch {node['switch']}; "
+        f"application errors {node['num_app_errors']}"
+    )
+    print_table(
+        "history",
+        ["TIME", "KIND", "CODE", "ACTION", "MESSAGE"],
+        [
+            (short_time(e["created_at"]), e["kind"], e["code"], e["action"], e["message"][:90])
+            for e in node["events"]
+        ],
+    )
+
+
+@app.command()
+def drain(
+    name: str, reason: str = typer.Option(..., help="Shown in `sinfo -R`."), json: bool = JSON
+) -> None:
+    """Drain a node; a run on it moves to a spare."""
+    incident = call(lambda c: c.drain_node(name, reason))
+    if json:
+        return print_json(incident)
+    console.print(
+        f"{name}: drain requested"
+        + (f" (incident {incident['id']})" if incident else " (one is already in progress)")
+    )
+    hint(f"runyard node show {name}")
+
+
+@app.command()
+def resume(
+    name: str,
+    force: bool = typer.Option(False, help="Also if someone else drained it."),
+    json: bool = JSON,
+) -> None:
+    """Return a drained node to service (only runyard's own drains unless --force)."""
+    node = call(lambda c: c.resume_node(name, force))
+    if json:
+        return print_json(node)
+    console.print(f"{name}: {node['state']}")
+    hint("runyard node list")

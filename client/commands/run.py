@@ -89,7 +89,28 @@ def show(run_id: int, json: bool = JSON) -> None:
         f"loss {fmt_float(run['last_loss'])}  tok/s {fmt_float(run['tokens_per_s'], 0)}"
         f"  restarts {run['num_restarts']}/{run['max_restarts']}"
     )
-    console.print(f"layout {run['layout']}")
+    layout = run["layout"]
+    console.print(
+        f"layout dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} "
+        f"cp={layout['cp']} zero={layout['zero_stage']} "
+        f"micro_batch={layout['micro_batch_size']} {layout['precision']}; "
+        f"nodes {', '.join(run['nodes']) or '-'}"
+    )
+    if plan := run.get("plan"):
+        console.print(
+            f"plan on {plan['hardware']}: {plan['memory_gib_per_gpu']['total']:.1f} "
+            f"GiB/GPU, step {plan['step_time_s']:.3f} s, MFU {plan['mfu']:.1%}"
+        )
+    if (goodput := run.get("goodput")) and goodput["goodput"] is not None:
+        lost = goodput["lost"]
+        console.print(
+            f"goodput {goodput['goodput']:.1%} of {goodput['allocated_s']:.0f} s allocated "
+            f"({goodput['allocated_gpu_hours']:.3f} GPU-h); lost: recomputed "
+            f"{lost['recomputed_steps_s']:.1f} s, detection {lost['detection_s']:.1f} s, "
+            f"drain+resubmit {lost['drain_and_resubmit_s']:.1f} s, start-up+load "
+            f"{lost['startup_and_load_s']:.1f} s, checkpoint stalls "
+            f"{lost['checkpoint_stalls_s']:.1f} s; queued {goodput['queued_s']:.1f} s"
+        )
     print_table(
         "attempts",
         ["#", "STATE", "JOB", "NODES", "RESUMED AT", "EXIT", "REASON"],

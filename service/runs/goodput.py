@@ -92,8 +92,9 @@ def compute_goodput(
             # detection, since the service cannot tell them from silence.
             resume = following.resume_step if following else None
             commit = committed_at.get(resume) if resume is not None else None
-            lost_from = (max(commit, attempt.started_at or commit) if commit
-                         else attempt.first_step_at)
+            lost_from = (
+                max(commit, attempt.started_at or commit) if commit else attempt.first_step_at
+            )
             last_seen = max((m.recorded_at for m in mine), default=None)
             if lost_from is not None:
                 progress_end = max(last_seen or lost_from, lost_from)

@@ -119,6 +119,9 @@ class RunOut(BaseModel):
     ended_at: datetime | None
     layout: dict[str, Any] = Field(description="The resolved parallel layout.")
     spec: dict[str, Any]
+    plan: dict[str, Any] | None = Field(
+        default=None, description="The planner's figures for this layout on the cluster's GPUs."
+    )
     nodes: list[str] = Field(default_factory=list, description="Nodes the run holds now.")
     num_hardware_restarts: int = 0
     attempts: list[AttemptOut] = Field(default_factory=list)

@@ -7,8 +7,8 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound
 from service.models import Attempt, Run, RunState
-from service.planner.presets import MODEL_PRESETS
 from service.planner.resolve import LayoutError, resolve_layout
+from service.plans.service import admit, shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
@@ -17,20 +17,14 @@ from worker.config import ModelShape, ParallelLayout, ResumePoint, WorkerRunConf
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
-    if isinstance(spec.model, ModelShape):
-        return spec.model
-    try:
-        return MODEL_PRESETS[spec.model]
-    except KeyError:
-        known = ", ".join(MODEL_PRESETS)
-        raise InvalidSpec(
-            f"model: unknown preset '{spec.model}'; use one of {known} "
-            "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}"
-        ) from None
+    shape = shape_of(spec.model)
+    if shape.mlp != "swiglu":
+        raise InvalidSpec("model.mlp: the worker trains SwiGLU models only; use mlp: swiglu")
+    return shape
 
 
 def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
-    """The planner's answer for this spec, or a 422 naming the field to change."""
+    """The layout this spec runs with, or a 422 naming the field to change."""
     shape = model_shape(spec)
     pinned = None if spec.parallelism == "auto" else spec.parallelism
     try:
@@ -52,12 +46,27 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
 
 def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
     shape, layout = resolve(spec)
+    planned = admit(
+        shape,
+        layout,
+        hardware=settings.hardware,
+        network=settings.network,
+        gpus_per_node=spec.gpus_per_node,
+        seq_len=spec.seq_len,
+        global_batch=spec.global_batch,
+    )
     run = Run(
         name=spec.name,
         state=RunState.PENDING,
         state_reason="accepted; waiting for Slurm",
         spec=spec.model_dump(mode="json"),
-        config={"model": shape.model_dump(mode="json"), "layout": layout.model_dump(mode="json")},
+        config={
+            "model": shape.model_dump(mode="json"),
+            "layout": layout.model_dump(mode="json"),
+            "plan": planned.model_dump(
+                mode="json", exclude={"runners_up", "rejected", "rejected_examples"}
+            ),
+        },
         num_nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         min_nodes=spec.min_nodes,
@@ -118,6 +127,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
         ended_at=run.ended_at,
         layout=run.config["layout"],
         spec=run.spec,
+        plan=run.config.get("plan"),
         nodes=run.nodes,
         num_hardware_restarts=run.num_hardware_restarts,
         goodput=goodput,

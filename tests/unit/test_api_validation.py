@@ -30,13 +30,14 @@ def count(session: Session, table: type) -> int:
 
 
 def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> None:
+    runs, events = count(db_session, Run), count(db_session, RunEvent)
     response = api.post("/v1/runs", json=good_spec())
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["state"] == "PENDING"
     assert body["layout"]["dp"] == 2 and body["layout"]["micro_batch_size"] == 4
-    assert count(db_session, Run) == 1
-    assert count(db_session, RunEvent) == 1
+    assert count(db_session, Run) == runs + 1
+    assert count(db_session, RunEvent) == events + 1
 
 
 @pytest.mark.parametrize(
@@ -75,13 +76,14 @@ def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> Non
 def test_bad_spec_is_refused_naming_the_field(
     api: Any, db_session: Session, overrides: dict[str, Any], field: str, words: str
 ) -> None:
+    runs, events = count(db_session, Run), count(db_session, RunEvent)
     response = api.post("/v1/runs", json=good_spec(**overrides))
     assert response.status_code == 422, response.text
     body = response.json()
     assert body["error"] in ("invalid_request", "invalid_spec")
     assert field in body["detail"] and words in body["detail"], body["detail"]
-    assert count(db_session, Run) == 0
-    assert count(db_session, RunEvent) == 0
+    assert count(db_session, Run) == runs
+    assert count(db_session, RunEvent) == events
 
 
 def test_body_that_is_not_json_is_a_422(api: Any) -> None:
@@ -121,9 +123,11 @@ def test_cancel_of_an_unsubmitted_run_ends_it_and_twice_is_a_409(api: Any) -> No
 
 
 def test_list_filters_by_state_and_rejects_bad_state(api: Any) -> None:
+    pending = api.get("/v1/runs", params={"state": "PENDING"}).json()["total"]
     api.post("/v1/runs", json=good_spec(name="a"))
-    assert api.get("/v1/runs", params={"state": "PENDING"}).json()["total"] == 1
-    assert api.get("/v1/runs", params={"state": "SUCCEEDED"}).json()["total"] == 0
+    assert api.get("/v1/runs", params={"state": "PENDING"}).json()["total"] == pending + 1
+    listed = api.get("/v1/runs", params={"state": "SUCCEEDED"}).json()["items"]
+    assert all(r["state"] == "SUCCEEDED" for r in listed)
     bad = api.get("/v1/runs", params={"state": "DONE"})
     assert bad.status_code == 422 and "state" in bad.json()["detail"]
 
@@ -131,3 +135,52 @@ def test_list_filters_by_state_and_rejects_bad_state(api: Any) -> None:
 def test_openapi_is_served(api: Any) -> None:
     paths = api.get("/openapi.json").json()["paths"]
     assert "/v1/runs" in paths and "/v1/worker/attempts/{attempt_id}/progress" in paths
+
+
+def test_a_run_that_cannot_fit_is_refused_with_what_would_help(
+    api: Any, db_session: Session
+) -> None:
+    runs = count(db_session, Run)
+    response = api.post(
+        "/v1/runs", json=good_spec(model="llama3-405b", seq_len=8192, global_batch=16, steps=10)
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "does not fit" in detail and "GiB more than" in detail, detail
+    assert count(db_session, Run) == runs
+
+
+def test_accepted_run_carries_its_plan(api: Any) -> None:
+    body = api.post("/v1/runs", json=good_spec()).json()
+    plan = body["plan"]
+    assert plan["layout"]["dp"] == 2 and plan["memory_gib_per_gpu"]["total"] > 0
+    assert 0 < plan["mfu"] < 1
+
+
+def test_plans_endpoint_answers_and_refuses() -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    client = TestClient(create_app())
+    ok = client.post(
+        "/v1/plans",
+        json={
+            "model": "llama3-8b",
+            "gpus": 64,
+            "seq_len": 8192,
+            "global_batch_tokens": 4 * 1024 * 1024,
+        },
+    )
+    assert ok.status_code == 200, ok.text
+    body = ok.json()
+    assert (
+        body["layout"]["dp"] * body["layout"]["tp"] * body["layout"]["pp"] * body["layout"]["cp"]
+        == 64
+    )
+    assert body["memory_gib_per_gpu"]["total"] <= body["memory_gib_per_gpu"]["capacity"]
+    bad = client.post(
+        "/v1/plans",
+        json={"model": "llama3-8b", "gpus": 64, "seq_len": 8192, "global_batch_tokens": 1000},
+    )
+    assert bad.status_code == 422 and "global_batch_tokens" in bad.json()["detail"]

@@ -35,7 +35,9 @@ def check_supported(layout: ParallelLayout) -> None:
         )
 
 
-def parallelize_llama(model: nn.Module, mesh: DeviceMesh, layout: ParallelLayout) -> nn.Module:
+def parallelize_llama(
+    model: nn.Module, mesh: DeviceMesh, layout: ParallelLayout
+) -> DistributedDataParallel:
     """Wrap the model for the layout; returns the module the training loop calls."""
     check_supported(layout)
     device = next(model.parameters()).device
@@ -45,4 +47,8 @@ def parallelize_llama(model: nn.Module, mesh: DeviceMesh, layout: ParallelLayout
         model,
         process_group=mesh.get_group("dp"),
         device_ids=[device.index] if device.type == "cuda" else None,
+        # The only buffers (RoPE tables) are computed identically on every rank: broadcasting
+        # them from rank 0 before every forward would be a wasted collective per micro step
+        # (torch 2.13 name; it still syncs them once at construction, which is harmless).
+        forward_sync_buffers=False,
     )

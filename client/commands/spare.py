@@ -1,0 +1,31 @@
+"""`runyard spare ...`: the hot-spare pool."""
+
+from __future__ import annotations
+
+import typer
+
+from client.commands.common import call
+from client.output import console, hint, print_json
+
+app = typer.Typer(help="The hot-spare pool.", no_args_is_help=True)
+JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
+
+
+@app.command("list")
+def list_(json: bool = JSON) -> None:
+    """The pool's target size and its members."""
+    pool = call(lambda c: c.get_spares())
+    if json:
+        return print_json(pool)
+    members = ", ".join(pool["members"]) or "none"
+    console.print(f"target {pool['target']}, holding {len(pool['members'])}: {members}")
+
+
+@app.command("set")
+def set_(target: int = typer.Argument(..., help="Spare nodes to hold."), json: bool = JSON) -> None:
+    """Set the pool's target size; it fills from healthy idle nodes within seconds."""
+    pool = call(lambda c: c.set_spares(target))
+    if json:
+        return print_json(pool)
+    console.print(f"spare pool target set to {pool['target']}")
+    hint("runyard spare list")
