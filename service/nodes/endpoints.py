@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from service.config import get_settings
 from service.db import SessionDep
+from service.errors import NotFound
 from service.nodes import repository, service
 from service.nodes.schemas import (
     EventBatch,
@@ -40,10 +41,11 @@ def show_node(name: str, session: SessionDep) -> NodeDetail:
     )
 
 
-@router.post("/{name}/heartbeat")
-def heartbeat(name: str, beat: Heartbeat, session: SessionDep) -> NodeOut:
-    """A health agent says its node is alive."""
-    return NodeOut.model_validate(service.record_heartbeat(session, name))
+@router.post("/{name}/heartbeat", status_code=204)
+def heartbeat(name: str, beat: Heartbeat, session: SessionDep) -> None:
+    """A health agent says its node is alive (the hot path: one UPDATE)."""
+    if not service.touch_heartbeat(session, name):
+        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
 
 
 @router.post("/{name}/events")

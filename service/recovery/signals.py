@@ -6,6 +6,7 @@ agent gets its 200, the recovery is durable and the reconciler will carry it out
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
@@ -21,7 +22,7 @@ from service.models import (
     RecoveryAction,
 )
 from service.models.base import utcnow
-from service.recovery.classification import Classifier, signal_name
+from service.recovery.classification import Classifier, Rule, signal_name
 
 OPEN_STATES = (IncidentState.OPEN, IncidentState.WAITING)
 
@@ -61,45 +62,72 @@ def open_incident(
     return incident
 
 
-def ingest_node_event(
+@dataclass(frozen=True)
+class SignalIn:
+    """One event as an agent sent it (validated by the API schema)."""
+
+    idempotency_key: str
+    kind: str
+    code: int | None
+    message: str
+    observed_at: datetime | None
+    data: dict[str, object]
+
+
+def ingest_node_events(
     session: Session,
-    node: Node,
+    node_name: str,
+    events: list[SignalIn],
     settings: Settings,
     classifier: Classifier,
-    *,
-    idempotency_key: str,
-    kind: str,
-    code: int | None,
-    message: str,
-    observed_at: datetime | None,
-    data: dict[str, object],
-) -> bool:
-    """Store one agent event exactly once and act on its class. False if it was a duplicate."""
-    signal = signal_name(kind, code)
-    rule = classifier.classify(signal)
-    inserted = session.execute(
-        insert(NodeEvent)
-        .values(
-            node_name=node.name,
-            kind=kind,
-            code=code,
-            message=message[:4000],
-            data=data,
-            idempotency_key=idempotency_key,
-            action=rule.action.value,
-            observed_at=observed_at,
-            created_at=utcnow(),
-        )
-        .on_conflict_do_nothing(index_elements=["idempotency_key"])
-        .returning(NodeEvent.id)
-    ).first()
-    if inserted is None:
-        return False
-    action = rule.action
+) -> int:
+    """Store a batch of one node's events exactly once and act on their classes.
+
+    One multi-row INSERT ... ON CONFLICT DO NOTHING per batch: a whole leaf switch failing
+    at once must not queue behind thousands of single-row round trips. Returns how many
+    events were new.
+    """
+    now = utcnow()
+    rules = {e.idempotency_key: classifier.classify(signal_name(e.kind, e.code)) for e in events}
+    rows = [
+        {
+            "node_name": node_name,
+            "kind": e.kind,
+            "code": e.code,
+            "message": e.message[:4000],
+            "data": e.data,
+            "idempotency_key": e.idempotency_key,
+            "action": rules[e.idempotency_key].action.value,
+            "observed_at": e.observed_at,
+            "created_at": now,
+        }
+        for e in events
+    ]
+    inserted = set(
+        session.scalars(
+            insert(NodeEvent)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["idempotency_key"])
+            .returning(NodeEvent.idempotency_key)
+        ).all()
+    )
+    for event in events:
+        if event.idempotency_key in inserted and rules[event.idempotency_key].action != (
+            RecoveryAction.OBSERVE
+        ):
+            _act(session, node_name, event, rules[event.idempotency_key], settings)
+    return len(inserted)
+
+
+def _act(session: Session, node_name: str, event: SignalIn, rule: Rule, settings: Settings) -> None:
+    action, message = rule.action, event.message
+    signal = signal_name(event.kind, event.code)
     if action == RecoveryAction.COUNT_AND_ESCALATE:
+        node = session.get(Node, node_name, with_for_update=True)
+        assert node is not None
         node.num_app_errors += 1
         if node.num_app_errors < settings.app_errors_before_drain:
-            return True
+            return
         action = RecoveryAction.DRAIN_AND_MOVE
         message = (
             f"{message} ({node.num_app_errors} application-class errors on this node: "
@@ -108,11 +136,10 @@ def ingest_node_event(
     if action in (RecoveryAction.DRAIN_AND_MOVE, RecoveryAction.RESTART_SAME_NODES):
         open_incident(
             session,
-            kind=kind,
+            kind=event.kind,
             signal=signal,
             action=action,
-            node=node.name,
-            message=f"{node.name}: {signal} ({rule.why}): {message}"[:2000],
-            signal_at=observed_at,
+            node=node_name,
+            message=f"{node_name}: {signal} ({rule.why}): {message}"[:2000],
+            signal_at=event.observed_at,
         )
-    return True
