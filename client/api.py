@@ -10,6 +10,17 @@ import httpx
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
+def dev_cluster_token() -> str | None:
+    """The local dev cluster's admin token, when no RUNYARD_TOKEN is set."""
+    from client.devcluster.cluster import default_state_dir
+
+    path = default_state_dir() / "admin.token"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 class ApiError(Exception):
     """The service refused (4xx/5xx) or could not be reached; `message` is for people."""
 
@@ -23,7 +34,7 @@ class RunyardClient:
         self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
     ) -> None:
         self.url = (url or os.environ.get("RUNYARD_URL") or DEFAULT_URL).rstrip("/")
-        token = token or os.environ.get("RUNYARD_TOKEN")
+        token = token or os.environ.get("RUNYARD_TOKEN") or dev_cluster_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
@@ -63,11 +74,30 @@ class RunyardClient:
     def run_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/runs/{run_id}/checkpoints")
 
-    def run_events(self, run_id: int, after_id: int = 0) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/runs/{run_id}/events", params={"after_id": after_id})
+    def run_events(self, run_id: int, after_id: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        return self._call(
+            "GET", f"/v1/runs/{run_id}/events", params={"after_id": after_id, "limit": limit}
+        )
 
-    def run_metrics(self, run_id: int, after_step: int = -1) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/runs/{run_id}/metrics", params={"after_step": after_step})
+    def run_metrics(
+        self, run_id: int, after_step: int = -1, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        return self._call(
+            "GET", f"/v1/runs/{run_id}/metrics", params={"after_step": after_step, "limit": limit}
+        )
+
+    def run_logs(
+        self,
+        run_id: int,
+        attempt: int | None = None,
+        rank: int = 0,
+        offset: int = 0,
+        limit: int = 256 * 1024,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"rank": rank, "offset": offset, "limit": limit}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self._call("GET", f"/v1/runs/{run_id}/logs", params=params)
 
     # nodes
     def list_nodes(self) -> list[dict[str, Any]]:
@@ -90,6 +120,36 @@ class RunyardClient:
 
     def list_incidents(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/admin/incidents", params={"limit": limit})
+
+    # admin
+    def create_token(
+        self,
+        user: str,
+        team: str,
+        role: str,
+        node_name: str | None = None,
+        expires_in_days: int | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "user": user,
+            "team": team,
+            "role": role,
+            "node_name": node_name,
+            "expires_in_days": expires_in_days,
+        }
+        return self._call("POST", "/v1/admin/tokens", json=body)
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/admin/tokens")
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/admin/tokens/{token_id}")
+
+    def set_quota(self, team: str, gpu_quota: int | None) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/admin/teams/{team}", json={"gpu_quota": gpu_quota})
+
+    def audit(self, after_id: int = 0) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/admin/audit", params={"after_id": after_id})
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from client.commands import dev, incident, node, plan, run, spare
+from client.commands import admin, dev, incident, node, plan, run, spare
 
 app = typer.Typer(
     help="runyard: training-run orchestration for Slurm clusters.",
@@ -15,6 +15,7 @@ app.add_typer(run.app, name="run")
 app.add_typer(node.app, name="node")
 app.add_typer(spare.app, name="spare")
 app.add_typer(incident.app, name="incident")
+app.add_typer(admin.app, name="admin")
 app.add_typer(dev.app, name="dev")
 app.command(name="plan")(plan.plan)
 

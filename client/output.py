@@ -19,6 +19,8 @@ class Exit:
     ERROR = 1  # the service refused or failed
     USAGE = 2  # bad input on our side
     UNREACHABLE = 3  # the service could not be reached
+    RUN_CANCELLED = 4  # `run watch`: the run was cancelled (FAILED exits with ERROR)
+    STILL_RUNNING = 5  # `run watch --timeout-s`: gave up while the run still goes on
 
 
 def print_json(data: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -14,11 +13,15 @@ from sqlalchemy import text
 from service.admin.endpoints import router as admin_router
 from service.config import get_settings
 from service.db import get_engine
-from service.errors import install_error_handlers
+from service.errors import ERROR_RESPONSES, document_errors, install_error_handlers
+from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
+from service.observability.http import install_observability
+from service.observability.logging import configure_logging
 from service.plans.endpoints import router as plans_router
 from service.reconcile.loop import run_forever
 from service.runs.endpoints import router as runs_router
+from service.runs.logs import router as run_logs_router
 from service.workers.endpoints import router as worker_router
 
 
@@ -42,15 +45,20 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(get_settings().log_format)
     app = FastAPI(
         title="runyard",
         version="0.1.0",
         lifespan=lifespan,
         description="Training-run orchestration for Slurm clusters.",
+        responses=ERROR_RESPONSES,
     )
     install_error_handlers(app)
+    document_errors(app)
+    app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
+    install_observability(app)
     app.include_router(runs_router)
+    app.include_router(run_logs_router)
     app.include_router(nodes_router)
     app.include_router(worker_router)
     app.include_router(admin_router)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,6 +53,13 @@ class Settings(BaseSettings):
         default=True, description="Run the background reconcile loop inside the API process."
     )
 
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    agent_requests_per_s: float = Field(
+        default=20.0, gt=0, description="Sustained requests/s allowed per agent token."
+    )
+    agent_burst: float = Field(default=100.0, ge=1, description="Requests an agent may burst.")
     hardware: str = Field(
         default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
     )
@@ -77,6 +85,11 @@ class Settings(BaseSettings):
     )
     hang_min_s: float = Field(
         default=30.0, gt=0, description="...and never before this many seconds without a step."
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json",
+        description="Service log lines: one JSON object each (with run, attempt and node ids) "
+        "for log shippers, or plain text.",
     )
     job_prefix: str | None = Field(
         default=None,

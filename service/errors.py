@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from service.slurm.commands import SlurmError
 
 
 class AppError(Exception):
@@ -30,6 +33,11 @@ class Conflict(AppError):
     code = "conflict"
 
 
+class QuotaExceeded(AppError):
+    status_code = 403
+    code = "quota_exceeded"
+
+
 class InvalidSpec(AppError):
     status_code = 422
     code = "invalid_spec"
@@ -47,6 +55,18 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=exc.status_code, content={"error": exc.code, "detail": exc.detail}
         )
 
+    @app.exception_handler(SlurmError)
+    async def _slurm_error(_: Request, exc: SlurmError) -> JSONResponse:
+        # The request was valid; Slurm could not be asked. Nothing was changed on our side.
+        return JSONResponse(
+            status_code=503,
+            content={
+                "error": "slurm_unavailable",
+                "detail": f"Slurm did not answer ({exc}); try again, or check slurmctld "
+                "(docs/operations.md)",
+            },
+        )
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         # One line per problem, each naming the field, so a CLI can print them as they are.
@@ -58,3 +78,51 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=422,
             content={"error": "invalid_request", "detail": summary, "problems": problems},
         )
+
+
+class Problem(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the API returns, whatever its status."""
+
+    error: str = Field(description="A stable code, e.g. not_found, invalid_spec.")
+    detail: str = Field(description="What is wrong and what to do, for people.")
+    problems: list[Problem] | None = Field(default=None, description="Per-field, on 422.")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in [
+        (401, "No valid token"),
+        (403, "Not allowed"),
+        (404, "No such object"),
+        (409, "Conflicts with the current state"),
+        (413, "Body too large"),
+        (429, "Too many requests"),
+        (503, "Slurm unavailable"),
+    ]
+}
+
+
+def document_errors(app: FastAPI) -> None:
+    """Make the OpenAPI document say what the handlers above really send, 422 included."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components["HTTPValidationError"] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# Ids are 32-bit in Postgres: bound them at the door, so a huge id is a 422, not a 500.
+DbId = Annotated[int, Path(ge=1, le=2**31 - 1, description="An id (1 to 2^31-1).")]

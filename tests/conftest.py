@@ -75,6 +75,28 @@ def database_url() -> Iterator[str]:
         c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
 
 
+def mint_token(
+    database_url: str, path: Path, *, user: str, team: str, role: str, node: str | None = None
+) -> str:
+    """A real token, committed to the test database, as `runyard dev up` mints them."""
+    from service.auth.bootstrap import mint_token_file
+    from service.models import Role
+
+    mint_token_file(database_url, path, user=user, team=team, role=Role(role), node_name=node)
+    return path.read_text().strip()
+
+
+@pytest.fixture(scope="session")
+def admin_token(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return mint_token(
+        database_url,
+        tmp_path_factory.mktemp("tokens") / "admin.token",
+        user="admin",
+        team="ops",
+        role="admin",
+    )
+
+
 @pytest.fixture
 def db_session(database_url: str) -> Iterator[Session]:
     """A session inside a transaction that is rolled back after the test."""
@@ -91,8 +113,8 @@ def db_session(database_url: str) -> Iterator[Session]:
 
 
 @pytest.fixture
-def api(db_session: Session) -> Iterator[Any]:
-    """The FastAPI app in-process (no reconciler), on the rolled-back session."""
+def api(db_session: Session, admin_token: str) -> Iterator[Any]:
+    """The FastAPI app in-process (no reconciler), on the rolled-back session, as an admin."""
     from fastapi.testclient import TestClient
 
     from service.app import create_app
@@ -100,4 +122,4 @@ def api(db_session: Session) -> Iterator[Any]:
 
     app = create_app()
     app.dependency_overrides[get_session] = lambda: db_session
-    yield TestClient(app)
+    yield TestClient(app, headers={"Authorization": f"Bearer {admin_token}"})

@@ -5,8 +5,11 @@ own part, plus a `COMMITTED` marker rank 0 writes only after every rank finished
 without the marker is a save that died half-way; it is never loaded and is pruned.
 
 What is saved is a dict of Stateful objects under named keys (torchtitan's habit): the model
-and optimizer through `torch.distributed.checkpoint.state_dict`, which understands DDP now
-and FSDP/DTensor later (and reshards on load), the trainer's counters, and each rank's RNG.
+and optimizer through `torch.distributed.checkpoint.state_dict`, which names every tensor by
+the whole model's parameter name and keeps sharded ones sharded (DTensor), so a checkpoint
+written by one layout and world size loads into any other; the trainer's counters; and each
+rank's RNG. Training saves asynchronously (AsyncCheckpointer): it waits only for the copy to
+host memory.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,11 +28,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
 from worker.config import ResumePoint
@@ -61,30 +67,47 @@ class TrainerState(Stateful):
         self.consumed_tokens = int(state_dict["consumed_tokens"])
 
 
-class ModelState(Stateful):
-    """Model weights with wrapper prefixes (DDP's `module.`) stripped."""
+# Optimizer state keyed by parameter name, param groups too ("state.<fqn>.exp_avg",
+# "param_groups.<fqn>.lr"): pipeline stages and any wrapping then agree on every key.
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+
+class ModelState(Stateful):
+    """The weights of this rank's model parts (pipeline stages) under the whole model's
+    parameter names, wrapper prefixes stripped; sharded parameters stay sharded (DTensor),
+    so each rank writes only its shards and DCP reshards them for any other layout."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        self.parts = parts
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.model)
+        return {k: v for part in self.parts for k, v in get_model_state_dict(part).items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state_dict)
+        for part in self.parts:
+            own = get_model_state_dict(part).keys()
+            set_model_state_dict(part, {k: state_dict[k] for k in own})
 
 
 class OptimizerState(Stateful):
-    """Optimizer state keyed by parameter name, so it survives a change of wrapping."""
+    """Optimizer state of every model part (one optimizer each), keyed by parameter name,
+    so it survives a change of wrapping, sharding or pipeline split."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        self.pairs = list(zip(parts, optimizers, strict=True))
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        merged: dict[str, Any] = {}
+        for part, optimizer in self.pairs:
+            merged.update(get_optimizer_state_dict(part, optimizer, options=_FLAT))
+        return merged
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+        for part, optimizer in self.pairs:
+            own = get_optimizer_state_dict(part, optimizer, options=_FLAT).keys()
+            set_optimizer_state_dict(
+                part, optimizer, {k: state_dict[k] for k in own}, options=_FLAT
+            )
 
 
 class RNGState(Stateful):
@@ -103,13 +126,16 @@ class RNGState(Stateful):
 
 
 def training_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, trainer: TrainerState, rank: int
+    parts: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+    trainer: TrainerState,
+    rank: int,
 ) -> dict[str, Stateful]:
     """What a checkpoint holds. The RNG key names the rank: DCP keeps one copy of each key
     (it deduplicates what it takes to be replicated), which would drop the other ranks'."""
     return {
-        "model": ModelState(model),
-        "optimizer": OptimizerState(model, optimizer),
+        "model": ModelState(parts),
+        "optimizer": OptimizerState(parts, optimizers),
         "trainer": trainer,
         f"rng_rank{rank}": RNGState(),
     }
@@ -117,30 +143,104 @@ def training_state(
 
 @dataclass(frozen=True)
 class SavedCheckpoint:
+    step: int
     path: Path
     num_bytes: int  # size on disk of the whole folder (0 on ranks other than 0)
-    write_s: float
+    write_s: float  # from the call until committed
+    blocking_s: float  # how long training waited for it
+
+
+def _remove_stale(path: Path, rank: int) -> None:
+    """A folder for this step left by an attempt that died while saving it (or that saved
+    it before a resume from an older step) goes first, its marker first of all, so it is
+    never loaded half-gone; nobody writes into it before that."""
+    if rank == 0 and path.exists():
+        remove_tree(path, first=MARKER)
+    dist.barrier()  # sync: the stale folder is gone on every rank's view
+
+
+def _commit(path: Path, step: int, rank: int) -> int:
+    """Rank 0 writes the marker; returns the folder's size there (0 elsewhere)."""
+    maybe_crash("before_commit", step, rank)
+    if rank != 0:
+        return 0
+    marker = {
+        "step": step,
+        "world_size": dist.get_world_size(),
+        "time": datetime.now(UTC).isoformat(),
+    }
+    write_atomic(path / MARKER, json.dumps(marker).encode())
+    return folder_size(path)
 
 
 def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCheckpoint:
-    """Save collectively, then commit. Every rank must call it."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    """Save synchronously, then commit: training waits for the whole write. Every rank
+    must call it. (AsyncCheckpointer is what training uses; this is the baseline.)"""
+    rank = dist.get_rank()
     path = step_folder(checkpoint_dir, step)
     start = time.perf_counter()
-    if rank == 0 and path.exists():
-        # Left by an attempt that died while saving this step (or that saved it before a
-        # resume from an older step): its marker goes first, so it is never loaded half-gone.
-        remove_tree(path, first=MARKER)
-    dist.barrier()  # sync: nobody writes into the folder before the stale one is gone
+    _remove_stale(path, rank)
     dcp.save(state, checkpoint_id=path)  # collective: each rank writes its part, rank 0 metadata
     dist.barrier()  # sync: every rank's files are complete before the commit
-    maybe_crash("before_commit", step, rank)
-    num_bytes = 0
-    if rank == 0:
-        marker = {"step": step, "world_size": world_size, "time": datetime.now(UTC).isoformat()}
-        write_atomic(path / MARKER, json.dumps(marker).encode())
-        num_bytes = folder_size(path)
-    return SavedCheckpoint(path=path, num_bytes=num_bytes, write_s=time.perf_counter() - start)
+    num_bytes = _commit(path, step, rank)
+    elapsed = time.perf_counter() - start
+    return SavedCheckpoint(step, path, num_bytes, write_s=elapsed, blocking_s=elapsed)
+
+
+@dataclass
+class _InFlight:
+    step: int
+    path: Path
+    future: Future[Any]
+    start: float
+    blocking_s: float
+
+
+class AsyncCheckpointer:
+    """Saves with `dcp.async_save`, one save in flight; rank 0 commits each one it completes.
+
+    Training blocks only while the state is copied to host memory; a background thread
+    writes the files. That thread's collectives (DCP plans the save, then gathers every
+    rank's write results to rank 0, which writes the metadata) run on a gloo process group
+    of their own, so they never interleave with training's collectives on the default group.
+    Rank 0's save completes only after it gathered every rank's results, so once its future
+    is done every rank's files are on disk, and rank 0 commits without another collective.
+    """
+
+    def __init__(self, checkpoint_dir: Path, state: dict[str, Stateful]) -> None:
+        self.checkpoint_dir, self.state = checkpoint_dir, state
+        self.rank = dist.get_rank()
+        self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
+        self.in_flight: _InFlight | None = None
+
+    def save(self, step: int) -> None:
+        """Start saving `step`; call wait() first if a save is in flight (two at once would
+        contend for the group and double the host memory)."""
+        if self.in_flight is not None:
+            raise RuntimeError(f"step {self.in_flight.step} is still being saved: wait() first")
+        path = step_folder(self.checkpoint_dir, step)
+        _remove_stale(path, self.rank)
+        start = time.perf_counter()
+        response = dcp.async_save(self.state, checkpoint_id=path, process_group=self.group)
+        future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        self.in_flight = _InFlight(step, path, future, start, time.perf_counter() - start)
+
+    def poll(self) -> SavedCheckpoint | None:
+        """Commit the save in flight if it completed (no collective: call it at any step)."""
+        if self.in_flight is not None and self.in_flight.future.done():
+            return self.wait()
+        return None
+
+    def wait(self) -> SavedCheckpoint | None:
+        """Block until the save in flight completed, and commit it; None if there was none.
+        Raises what the save raised on any rank (a failed write is never committed)."""
+        if self.in_flight is None:
+            return None
+        done, self.in_flight = self.in_flight, None
+        done.future.result()
+        num_bytes = _commit(done.path, done.step, self.rank)
+        write_s = time.perf_counter() - done.start
+        return SavedCheckpoint(done.step, done.path, num_bytes, write_s, done.blocking_s)
 
 
 def is_committed(path: Path) -> bool:

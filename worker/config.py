@@ -31,6 +31,20 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class PipelineSchedule(StrEnum):
+    """Order of micro-batch forwards and backwards across pipeline stages."""
+
+    ONE_F_ONE_B = "1f1b"  # one stage per rank; pp micro batches in flight
+    INTERLEAVED_1F1B = "interleaved_1f1b"  # vp stages per rank: a smaller bubble, more sends
+
+
+class Float8Scaling(StrEnum):
+    """How torchao's float8 training scales tensors before the FP8 GEMMs."""
+
+    TENSORWISE = "tensorwise"  # one scale per tensor: fastest
+    ROWWISE = "rowwise"  # one scale per row: more accurate, a little slower
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -85,10 +99,98 @@ class ParallelLayout(_Frozen):
     micro_batch_size: int = Field(default=1, ge=1, description="Sequences per rank per micro step.")
     recompute: Recompute = Field(default=Recompute.NONE, description="Activation recompute.")
     precision: Precision = Field(default=Precision.FP32, description="Numeric format.")
+    schedule: PipelineSchedule = Field(
+        default=PipelineSchedule.ONE_F_ONE_B, description="Pipeline schedule (pp > 1 only)."
+    )
+    vp: int = Field(
+        default=1, ge=1, description="Virtual pipeline stages per rank (interleaved_1f1b: >= 2)."
+    )
+    compile: bool = Field(default=False, description="torch.compile each transformer block.")
+    fp8_scaling: Float8Scaling = Field(
+        default=Float8Scaling.TENSORWISE, description="Float8 scaling (precision fp8 only)."
+    )
+
+    @model_validator(mode="after")
+    def _schedule_matches(self) -> ParallelLayout:
+        if self.schedule is PipelineSchedule.INTERLEAVED_1F1B and (self.pp < 2 or self.vp < 2):
+            raise ValueError(
+                f"schedule interleaved_1f1b needs pp >= 2 and vp >= 2 (got pp {self.pp}, "
+                f"vp {self.vp}); use schedule 1f1b otherwise"
+            )
+        if self.schedule is PipelineSchedule.ONE_F_ONE_B and self.vp > 1:
+            raise ValueError(f"vp ({self.vp}) > 1 needs schedule interleaved_1f1b")
+        return self
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def batch_degree(self) -> int:
+        """Ranks that see different tokens and must average gradients: dp x cp."""
+        return self.dp * self.cp
+
+
+def layout_problems(
+    shape: ModelShape, layout: ParallelLayout, seq_len: int, global_batch: int
+) -> list[tuple[str, str]]:
+    """Every reason the worker cannot run `layout` for this model and batch, as
+    (layout field, message) pairs; empty when it can. One list for both sides: the service
+    refuses a spec with it at submission, the worker before its first collective."""
+    problems: list[tuple[str, str]] = []
+    tp, pp, cp, vp = layout.tp, layout.pp, layout.cp, layout.vp
+    # Tensor parallel splits heads, kv heads, the MLP width and the vocabulary across ranks.
+    for name, size in (
+        ("heads", shape.heads),
+        ("kv_heads", shape.kv_heads),
+        ("ffn", shape.ffn),
+        ("vocab", shape.vocab),
+    ):
+        if size % tp:
+            problems.append(("tp", f"tp ({tp}) must divide the model's {name} ({size})"))
+    # Every virtual stage holds at least one block; uneven splits are allowed (see pipeline.py).
+    if pp * vp > shape.layers:
+        problems.append(("pp", f"pp x vp ({pp * vp}) exceeds the model's {shape.layers} layers"))
+    per_step = layout.dp * layout.micro_batch_size
+    if global_batch % per_step:
+        problems.append(
+            (
+                "micro_batch_size",
+                f"global_batch ({global_batch}) must be divisible by dp x micro_batch_size "
+                f"({per_step})",
+            )
+        )
+    else:
+        micro_batches = global_batch // per_step
+        if pp > 1 and vp == 1 and micro_batches < pp:
+            problems.append(
+                (
+                    "pp",
+                    f"1F1B needs at least pp ({pp}) micro batches per step, but global_batch / "
+                    f"(dp x micro_batch_size) is {micro_batches}",
+                )
+            )
+        if vp > 1 and micro_batches % pp:
+            problems.append(
+                (
+                    "vp",
+                    f"interleaved 1F1B needs micro batches per step ({micro_batches}) divisible "
+                    f"by pp ({pp})",
+                )
+            )
+    # Load-balanced causal context parallel cuts the sequence into 2 x cp chunks; sequence
+    # parallel then cuts each rank's share by tp.
+    if cp > 1 and seq_len % (2 * cp):
+        problems.append(("cp", f"seq_len ({seq_len}) must divide into 2 x cp ({2 * cp}) chunks"))
+    elif tp > 1 and (seq_len // cp) % tp:
+        problems.append(
+            (
+                "tp",
+                f"seq_len / cp ({seq_len // cp}) must be divisible by tp ({tp}) "
+                "for sequence parallel",
+            )
+        )
+    return problems
 
 
 class ResumePoint(_Frozen):
@@ -124,13 +226,10 @@ class WorkerRunConfig(_Frozen):
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> WorkerRunConfig:
-        per_step = self.layout.dp * self.layout.micro_batch_size
-        if self.global_batch % per_step:
-            raise ValueError(
-                f"global_batch ({self.global_batch}) must be divisible by "
-                f"dp x micro_batch_size ({per_step})"
-            )
+    def _layout_fits(self) -> WorkerRunConfig:
+        problems = layout_problems(self.model, self.layout, self.seq_len, self.global_batch)
+        if problems:
+            raise ValueError("; ".join(f"layout.{field}: {text}" for field, text in problems))
         return self
 
     @property

@@ -2,17 +2,21 @@
 
 RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU MLP, with an
 untied output head. Blocks live in `Transformer.layers` (a ModuleDict keyed "0", "1", ...)
-so that FSDP, tensor parallel and pipeline stages can later be applied per block without
-touching this file; `parallel/` owns those wrappers.
+so that FSDP, tensor parallel, activation checkpointing and pipeline stages apply per block
+without touching this file; `parallel/` owns those wrappers. The model can be built on the
+meta device and initialised after it was sharded (`init_weights` writes each rank's part).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from worker.config import ModelShape
 
@@ -50,30 +54,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over one whole sequence: (batch, heads, seq, head_dim) each, with k
+    and v already repeated to the query heads. Context parallel swaps in its own."""
+    k, v = repeat_kv(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
-    """Causal grouped-query attention: `kv_heads` key/value heads shared by `heads` queries."""
+    """Causal grouped-query attention: `kv_heads` key/value heads shared by `heads` queries.
+
+    Head counts are read off the projections' outputs (`-1` in the views), not the shape,
+    so the same code runs on a tensor-parallel rank that holds heads / tp of them.
+    """
 
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.head_dim = shape.head_dim
         kv_dim = shape.kv_heads * shape.head_dim
         self.wq = nn.Linear(shape.hidden, shape.hidden, bias=False)
         self.wk = nn.Linear(shape.hidden, kv_dim, bias=False)
         self.wv = nn.Linear(shape.hidden, kv_dim, bias=False)
         self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = (
+            causal_attention
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Each kv head serves heads // kv_heads query heads; repeat it so SDPA sees equal counts.
-        groups = self.heads // self.kv_heads
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Context parallel gathers k and v across ranks inside `core`, before this repeat
+        # would multiply what it sends; so the repeat happens there, after the gather.
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """k and v with each head repeated for the query heads that share it."""
+    groups = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
 class FeedForward(nn.Module):
@@ -105,58 +128,107 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab)."""
+    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab).
+
+    A pipeline stage is this class with some parts removed: blocks deleted from `layers`
+    (the others keep their keys, so parameter names match the whole model's), and
+    `tok_embeddings` or `norm` / `output` set to None off the first and last stage. A stage
+    without embeddings takes the previous stage's hidden states instead of token ids.
+    """
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
 
     def __init__(self, shape: ModelShape, max_seq_len: int = 8192) -> None:
         super().__init__()
-        self.shape = shape
-        self.tok_embeddings = nn.Embedding(shape.vocab, shape.hidden)
+        self.shape, self.max_seq_len = shape, max_seq_len
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
-        self.norm = RMSNorm(shape.hidden, shape.norm_eps)
-        self.output = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        # Positions of this rank's tokens, when they are not 0..seq-1 (context parallel).
+        self.rope_positions: torch.Tensor | None = None
         # Not persistent: derived from the shape, so checkpoints hold only learned weights.
-        cos, sin = rope_tables(shape.head_dim, max_seq_len, shape.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        if not self.output.weight.is_meta:  # built on the meta device: init_weights fills them
+            self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Compute the RoPE tables on the parameters' device (after a meta-device build)."""
+        cos, sin = rope_tables(self.shape.head_dim, self.max_seq_len, self.shape.rope_theta)
+        if self.rope_positions is not None:
+            cos, sin = cos[self.rope_positions], sin[self.rope_positions]
+        device = self.rope_cos.device if self.rope_cos.device.type != "meta" else None
+        device = device or next(iter(self.parameters())).device
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > self.rope_cos.shape[0]:
             raise ValueError(
-                f"sequence {tokens.shape[1]} exceeds max_seq_len {self.rope_cos.shape[0]}"
+                f"sequence {tokens.shape[1]} exceeds the RoPE table ({self.rope_cos.shape[0]})"
             )
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)
-        return self.output(self.norm(h))
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """Deterministic init from `seed`, identical on every rank and every attempt.
+        """Deterministic init from `seed`, identical on every rank, attempt and layout.
 
+        Each parameter draws from its own generator, seeded by `seed` and its name, so a
+        pipeline stage holding some of the blocks gets exactly the values the whole model
+        would; a tensor-parallel or FSDP shard copies its slice of the same full tensor.
         Residual output projections (wo, w2) are scaled by 1/sqrt(2 * layers) so the
         residual stream's variance does not grow with depth (GPT-2's scheme).
         """
-        generator = torch.Generator(device="cpu").manual_seed(seed)
         residual_std = INIT_STD / math.sqrt(2 * self.shape.layers)
-        for name, param in self.named_parameters():
+        for raw_name, param in self.named_parameters():
+            name = canonical_name(raw_name)
             if name.endswith("norm.weight"):
-                param.fill_(1.0)
-                continue
-            std = residual_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
-            # Draw on CPU with our own generator: the same numbers whatever the device.
-            values = torch.empty(param.shape, dtype=torch.float32).normal_(
-                0.0, std, generator=generator
-            )
-            param.copy_(values)
+                full = torch.ones(param.shape)
+            else:
+                std = residual_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
+                generator = torch.Generator(device="cpu").manual_seed(_name_seed(seed, name))
+                # Drawn on CPU in fp32: the same numbers whatever the device and dtype.
+                full = torch.empty(param.shape).normal_(0.0, std, generator=generator)
+            copy_into(param, full)
+        self.init_buffers()
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name in the plain model: wrapper segments (activation checkpointing,
+    torch.compile) removed, as DCP's state dicts remove them."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def _name_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full tensor into a parameter, or into this rank's part of a DTensor one."""
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank holds the same full tensor, so each takes its own
+        # slice locally instead of receiving it from rank 0.
+        local = distribute_tensor(
+            full.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None
+        ).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full)
 
 
 def build_model(
     shape: ModelShape, seed: int, device: torch.device, max_seq_len: int
 ) -> Transformer:
-    """A freshly initialised model on `device`."""
+    """A freshly initialised, unparallelised model on `device`."""
     model = Transformer(shape, max_seq_len=max_seq_len)
     model.init_weights(seed)
     return model.to(device)

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import yaml
 
 from worker import checkpoint
-from worker.config import ExitCode, Precision, ResumePoint, WorkerRunConfig
+from worker.config import ExitCode, ResumePoint, WorkerRunConfig
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -38,8 +38,9 @@ from worker.distributed import (
 )
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.faults import maybe_crash
-from worker.model import build_model
-from worker.parallel import ParallelDims, check_supported, parallelize_llama
+from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
+from worker.parallel.context_parallel import shard_sequence
+from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 from worker.reporter import FileReporter, Reporter
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
@@ -118,6 +119,68 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         shutdown_distributed()
 
 
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy, in fp32 whatever the compute dtype."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def _adamw(part: torch.nn.Module, config: WorkerRunConfig) -> torch.optim.AdamW:
+    decay = [p for p in part.parameters() if p.dim() >= 2]  # no weight decay on norm gains
+    no_decay = [p for p in part.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def _forward_backward(
+    model: TrainingModel,
+    batches: TokenBatches,
+    step: int,
+    config: WorkerRunConfig,
+    dims: ParallelDims,
+    device: torch.device,
+) -> tuple[torch.Tensor, int]:
+    """Every micro batch of `step` forward and backward, gradients accumulating in the
+    parameters. Returns the sum of the micro-batch losses this rank computed, and how many."""
+    accum, mbs = config.grad_accum, config.layout.micro_batch_size
+    dp_rank, cp_rank = dims.mesh("dp").get_local_rank(), dims.mesh("cp").get_local_rank()
+    micro = []
+    for m in range(accum):
+        inputs, targets = batches.micro_batch(step, m, dp_rank, dims.dp, mbs)
+        # Context parallel: each cp rank keeps its two chunks of every sequence.
+        micro.append(
+            tuple(shard_sequence(t, dims.cp, cp_rank).to(device) for t in (inputs, targets))
+        )
+    if model.schedule is not None:
+        # The schedule cuts the step's batch back into `accum` micro batches and runs 1F1B:
+        # sync: activations and their gradients go point-to-point between stages.
+        inputs, targets = (torch.cat([mb[i] for mb in micro]) for i in (0, 1))
+        losses: list[torch.Tensor] = []
+        with model.autocast():
+            if model.has_first_stage:
+                model.schedule.step(inputs, target=targets, losses=losses)
+            else:
+                model.schedule.step(target=targets, losses=losses)
+        total = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+        return total.detach(), len(losses)
+    total = torch.zeros((), device=device)
+    for m, (inputs, targets) in enumerate(micro):
+        # sync: data parallel reduces gradients during backward; on all but the last micro
+        # batch it holds them back (DDP, ZeRO-1) so accumulation costs one reduction a step.
+        set_micro_batch_sync(model.parts, config.layout.zero_stage, last=m == accum - 1)
+        with model.autocast():
+            logits = model.parts[0](inputs)
+        loss = _loss(logits, targets)
+        (loss / accum).backward()
+        total += loss.detach()
+    return total, accum
+
+
 def _train(
     config: WorkerRunConfig,
     reporter: Reporter,
@@ -127,8 +190,7 @@ def _train(
     rank, world_size = dist.get_rank(), dist.get_world_size()
     is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
     dims = ParallelDims.from_layout(config.layout, world_size)
-    mesh = dims.build_mesh(device.type)
-    dp_rank, dp_degree = mesh.get_local_rank("dp"), dims.dp
+    dims.build_mesh(device.type)
     torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
 
     # Data: rank 0 packs the builtin corpus (once per cache dir), the others wait for it.
@@ -140,23 +202,12 @@ def _train(
         raise DoNotRetryError(f"data vocab {stream.vocab} exceeds model.vocab {config.model.vocab}")
     batches = TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
 
-    # Model and optimizer: identical weights on every rank because init is seeded.
-    model = parallelize_llama(
-        build_model(config.model, config.seed, device, config.seq_len), mesh, config.layout
-    )
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # no weight decay on norm gains
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-        betas=(0.9, 0.95),
-    )
+    # Model and optimizers: this rank's shards of its pipeline stages, seeded alike everywhere.
+    model = build_training_model(config, dims, device, _loss)
+    optimizers = [_adamw(part, config) for part in model.parts]  # one per pipeline stage
     trainer = checkpoint.TrainerState()
-    state = checkpoint.training_state(model, optimizer, trainer, rank)
-    checkpoint_dir = config.checkpoint_path
+    state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
+    checkpointer = checkpoint.AsyncCheckpointer(config.checkpoint_path, state)
     if config.resume_from is not None:
         _check_resume_point(config.resume_from)
         path = Path(config.resume_from.path)
@@ -166,46 +217,58 @@ def _train(
             if trainer.step != config.resume_from.step:
                 print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
 
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
-        if config.layout.precision is Precision.BF16
-        else nullcontext()
-    )
-    accum, mbs = config.grad_accum, config.layout.micro_batch_size
+    def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
+        """Rank 0: register a commit with the service, then prune what it superseded."""
+        nonlocal last_checkpoint_step
+        if saved is None:
+            return
+        last_checkpoint_step = saved.step
+        if not is_rank0:
+            return
+        target = str(saved.path.resolve())
+        known = reporter.checkpoint(saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s)
+        print(
+            f"checkpoint step {saved.step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s "
+            f"(training blocked {saved.blocking_s:.3f}s)",
+            flush=True,
+        )
+        # Prune only once the service knows of this commit: until then it would resume a
+        # new attempt from an older one, which must still be on disk.
+        if known:
+            checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
+
     tokens_per_step = config.global_batch * config.seq_len
     last_checkpoint_step, stopped_early = trainer.step, False
+    pp_mesh = dims.mesh("pp")
 
     for step in range(trainer.step + 1, config.steps + 1):
         step_start = time.perf_counter()
         lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            batch = batches.micro_batch(step, micro, dp_rank, dp_degree, mbs)
-            inputs, targets = (t.to(device, non_blocking=True) for t in batch)
-            # sync: DDP all-reduces gradients during backward; no_sync() defers that to
-            # the last micro step, so accumulation costs one all-reduce per step.
-            with nullcontext() if micro == accum - 1 else model.no_sync():
-                with autocast:
-                    logits = model(inputs)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-                (loss / accum).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        loss_sum, num_losses = _forward_backward(model, batches, step, config, dims, device)
+        grad_norm = clip_grad_norm(model.parts, config.grad_clip, pp_mesh)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-        # sync: one all-reduce carries the loss (averaged over ranks, so rank 0 reports the
-        # global loss) and any rank's reason to stop (the service cancelling the run, seen
-        # by rank 0; Slurm's time-limit signal, which ranks may see at different steps), so
-        # that every rank stops after the same step.
+        # sync: one all-reduce carries the loss (summed over the ranks that computed one: the
+        # last pipeline stage, so rank 0 reports the global mean) and any rank's reason to
+        # stop (the service cancelling the run, seen by rank 0; Slurm's time-limit signal,
+        # which ranks may see at different steps), so that every rank stops after one step.
         cancel = is_rank0 and reporter.cancel_requested
         stop_flag = 1.0 if cancel or time_limit_near.is_set() else 0.0
-        stats = torch.stack([loss_sum / accum, torch.tensor(stop_flag, device=device)])
+        stats = torch.stack(
+            [
+                loss_sum,
+                torch.tensor(float(num_losses), device=device),
+                torch.tensor(stop_flag, device=device),
+            ]
+        )
         dist.all_reduce(stats)
-        loss_total, stop_total = stats.tolist()  # host sync: waits for the step to finish
-        loss_value, stop = loss_total / world_size, stop_total > 0
+        loss_total, losses_counted, stop_total = stats.tolist()  # host sync: the step is done
+        loss_value, stop = loss_total / losses_counted, stop_total > 0
         step_time_s = time.perf_counter() - step_start
         trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
         trainer.consumed_tokens += tokens_per_step
@@ -219,24 +282,16 @@ def _train(
             )
             reporter.metric(step, loss_value, tokens_per_s, step_time_s)
 
-        if step % config.checkpoint_every == 0 or step == config.steps or stop:
-            target = str(checkpoint.step_folder(checkpoint_dir, step).resolve())
+        committed(checkpointer.poll())  # the previous save, if it completed meanwhile
+        last = step == config.steps or stop
+        if step % config.checkpoint_every == 0 or last:
+            committed(checkpointer.wait())  # one save in flight at a time
             if is_rank0:
+                target = str(checkpoint.step_folder(config.checkpoint_path, step).resolve())
                 reporter.checkpoint(step, target, "WRITING")
-            saved = checkpoint.save(checkpoint_dir, step, state)  # collective, with barriers
-            last_checkpoint_step = step
-            if is_rank0:
-                known = reporter.checkpoint(
-                    step, target, "COMMITTED", saved.num_bytes, saved.write_s
-                )
-                print(
-                    f"checkpoint step {step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s",
-                    flush=True,
-                )
-                # Prune only once the service knows of this commit: until then it would
-                # resume a new attempt from an older one, which must still be on disk.
-                if known:
-                    checkpoint.prune(checkpoint_dir, config.keep_checkpoints)
+            checkpointer.save(step)  # blocks for the copy to host memory only
+            if last:  # the attempt ends here: its final checkpoint must be committed first
+                committed(checkpointer.wait())
         maybe_crash("after_step", step, rank)
         if stop:
             stopped_early = True
@@ -245,6 +300,7 @@ def _train(
                 print(f"stopping after step {step}: {why}", flush=True)
             break
 
+    committed(checkpointer.wait())  # resumed at the last step: nothing in flight, a no-op
     # Stopped early, the run is not finished: the service resumes or cancels it.
     if is_rank0 and not stopped_early:
         reporter.finish(trainer.step, last_checkpoint_step)

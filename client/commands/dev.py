@@ -1,11 +1,15 @@
-"""`runyard dev up|down|status`: the local development cluster."""
+"""`runyard dev up|down|status|render`: the local development cluster."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 from client.devcluster import cluster
+from client.devcluster import render as render_mod
 from client.devcluster.postgres import PostgresUnavailable
+from client.devcluster.render import ClusterShape
 from client.output import Exit, console, fail, hint, print_json, print_table
 
 app = typer.Typer(
@@ -31,6 +35,31 @@ def up(
         fail(str(exc), Exit.ERROR)
     console.print(f"service: {dev.service_url}   slurm: SLURM_CONF={dev.slurm_conf}")
     hint(f"source {dev.state_dir / 'env.sh'}  (sets SLURM_CONF and RUNYARD_URL for sinfo/squeue)")
+
+
+@app.command()
+def render(
+    out: Path = typer.Option(..., "--out", help="Folder for slurm.conf, topology.conf, gres.conf."),
+    nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
+    leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
+    containers: bool = typer.Option(
+        False, "--containers", help="One host per node (docker-compose), not one box."
+    ),
+    state_dir: Path = typer.Option(
+        Path("/var/lib/runyard/slurm"), help="Slurm's state, spool and log folder (containers)."
+    ),
+) -> None:
+    """Write the Slurm configuration from slurm_templates/ (docker-compose's nodes use this)."""
+    try:
+        shape = ClusterShape(num_nodes=nodes, leaf_size=leaf_size)
+    except ValueError as exc:
+        fail(str(exc), Exit.USAGE)
+    network = render_mod.containers() if containers else None
+    files = render_mod.render(shape, state_dir, network=network)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    console.print(f"wrote {', '.join(sorted(files))} to {out}")
 
 
 @app.command()

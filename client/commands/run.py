@@ -1,23 +1,22 @@
-"""`runyard run ...`: submit, list, show, cancel, checkpoints, events, watch."""
+"""`runyard run ...`: submit, list, show, cancel, checkpoints, events, watch, logs, report."""
 
 from __future__ import annotations
 
-import time
-from functools import partial
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 import yaml
 
-from client.api import RunyardClient
 from client.commands.common import call, fmt_float
+from client.live.logs import show_logs
+from client.live.watch import watch_run
 from client.output import Exit, console, fail, hint, print_json, print_table, short_time
 
 app = typer.Typer(help="Training runs.", no_args_is_help=True)
 
 JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -180,27 +179,61 @@ def watch(
     interval_s: float = typer.Option(2.0, help="Seconds between polls."),
     timeout_s: float = typer.Option(0, help="Give up after this long (0: never)."),
 ) -> None:
-    """Follow a run: steps, loss, tokens/s and events until it ends. Exit 0 only if it succeeded."""
-    last_step, last_event, started = -1, 0, time.monotonic()
-    while True:
-        run = call(lambda c: c.get_run(run_id))
-        for e in call(partial(RunyardClient.run_events, run_id=run_id, after_id=last_event)):
-            console.print(
-                f"[cyan]{short_time(e['created_at'])}[/cyan] {e['message']}", highlight=False
-            )
-            last_event = e["id"]
-        metrics = call(partial(RunyardClient.run_metrics, run_id=run_id, after_step=last_step))
-        for m in metrics[-1:]:
-            console.print(
-                f"  step {m['step']:>6}/{run['total_steps']}  loss {m['loss']:.4f}  "
-                f"tok/s {fmt_float(m['tokens_per_s'], 0)}",
-                highlight=False,
-            )
-        if metrics:
-            last_step = max(m["step"] for m in metrics)
-        if run["state"] in TERMINAL:
-            console.print(f"run {run_id} {run['state']}: {run['state_reason']}")
-            raise typer.Exit(Exit.OK if run["state"] == "SUCCEEDED" else Exit.ERROR)
-        if timeout_s and time.monotonic() - started > timeout_s:
-            fail(f"run {run_id} still {run['state']} after {timeout_s:.0f} s")
-        time.sleep(interval_s)
+    """Follow a run live until it ends: progress with ETA, loss, tokens/s, MFU, goodput,
+    the current attempt and its nodes, the last events.
+
+    Exit code: 0 SUCCEEDED, 1 FAILED, 4 CANCELLED, 5 still running at --timeout-s,
+    3 service unreachable.
+    """
+    code = call(lambda c: watch_run(c, run_id, console, interval_s, timeout_s))
+    if code != Exit.OK:
+        hint(f"runyard run show {run_id}; runyard run logs {run_id}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def logs(
+    run_id: int,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing as ranks write."),
+    rank: int = typer.Option(0, help="Which rank's output (0 prints the training steps)."),
+    attempt: int | None = typer.Option(None, help="Only this attempt (default: all of them)."),
+    interval_s: float = typer.Option(1.0, help="Seconds between polls with --follow."),
+) -> None:
+    """A rank's output across attempts; with -f, followed live into new attempts."""
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def header(text: str) -> None:
+        console.print(f"[dim]{text}[/dim]", highlight=False)
+
+    call(
+        lambda c: show_logs(
+            c,
+            run_id,
+            write,
+            header,
+            rank=rank,
+            attempt=attempt,
+            follow=follow,
+            interval_s=interval_s,
+        )
+    )
+
+
+@app.command()
+def report(
+    run_id: int,
+    out: Path = typer.Option(..., "--out", help="Folder for report.html and the PNG plots."),
+) -> None:
+    """Write a self-contained HTML report with plots: loss, throughput and MFU, goodput,
+    the recovery timeline, and the plan beside what was achieved."""
+    from client.report import write_report  # matplotlib loads only for this command
+
+    try:
+        path = call(lambda c: write_report(c, run_id, out))
+    except OSError as exc:
+        fail(f"cannot write the report into {out}: {exc.strerror}", Exit.USAGE)
+    console.print(f"report of run {run_id}: {path}")
+    hint(f"open {path} in a browser")

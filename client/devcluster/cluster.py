@@ -62,6 +62,15 @@ class DevCluster:
         """The file that plays a node's kernel log (tests append Xid lines to it)."""
         return self.state_dir / "nodes" / node / "kern.log"
 
+    @property
+    def admin_token_file(self) -> Path:
+        """The dev cluster's admin token (mode 0600); the CLI uses it when RUNYARD_TOKEN is
+        not set."""
+        return self.state_dir / "admin.token"
+
+    def agent_token_file(self, node: str) -> Path:
+        return self.state_dir / "nodes" / node / "agent.token"
+
     def slurm_env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
 
@@ -119,6 +128,7 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape) -> bool:
     (state / "shape.json").write_text(json.dumps(asdict(shape)))
     (state / "env.sh").write_text(
         f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
+        f'export RUNYARD_TOKEN="$(cat {cluster.admin_token_file})"\n'
     )
     return changed
 
@@ -230,6 +240,7 @@ def _start_service(
         cwd=REPO_ROOT,
         capture_output=True,
     )
+    _mint_tokens(cluster, shape)
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("service")) or not is_alive(p):
         if _service_healthy(cluster.service_url):
@@ -277,9 +288,31 @@ def _start_service(
                     str(cluster.state_dir / "jobs" / "**" / "*.out"),
                 ],
                 log_dir / f"agent-{node}.out",
-                env=cluster.service_env(),
+                env={
+                    **cluster.service_env(),
+                    "RUNYARD_AGENT_TOKEN": cluster.agent_token_file(node).read_text().strip(),
+                },
             )
     cluster.table.save(table)
+
+
+def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
+    """An admin token for the person at the keyboard and one agent token per node."""
+    from service.auth.bootstrap import mint_token_file
+    from service.models import Role
+
+    mint_token_file(
+        cluster.database_url, cluster.admin_token_file, user="admin", team="ops", role=Role.ADMIN
+    )
+    for node in shape.node_names:
+        mint_token_file(
+            cluster.database_url,
+            cluster.agent_token_file(node),
+            user=f"agent-{node}",
+            team="ops",
+            role=Role.AGENT,
+            node_name=node,
+        )
 
 
 def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:

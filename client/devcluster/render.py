@@ -11,6 +11,7 @@ import jinja2
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "slurm_templates"
 FIRST_SLURMD_PORT = 17001  # one port per slurmd; slurmctld listens on CONTROLLER_PORT
 CONTROLLER_PORT = 16817
+SLURMD_PORT = 6818  # Slurm's default, where each node is a host of its own
 PARTITION = "train"
 
 
@@ -69,8 +70,54 @@ class ClusterShape:
         return FIRST_SLURMD_PORT + self.node_names.index(node)
 
 
-def render(shape: ClusterShape, state_dir: Path, munge_socket: str | None = None) -> dict[str, str]:
+@dataclass(frozen=True)
+class Network:
+    """How slurmctld and the slurmd daemons find each other."""
+
+    cluster_name: str
+    controller_host: str
+    controller_addr: str | None  # None: resolve controller_host by name
+    node_hostname: str | None  # None: every node is its own host, named as its NodeName
+    node_addr: str | None
+    port_range: str | int  # slurmd ports: one per node on one box, or Slurm's 6818 for all
+    slurmd_timeout_s: int
+
+
+def one_box(shape: ClusterShape) -> Network:
+    """The dev cluster: every slurmd on this machine, told apart by port."""
+    last_port = FIRST_SLURMD_PORT + shape.num_nodes - 1
+    return Network(
+        cluster_name="runyard-dev",
+        controller_host=socket.gethostname().split(".")[0],
+        controller_addr="127.0.0.1",
+        node_hostname="localhost",
+        node_addr="127.0.0.1",
+        port_range=f"{FIRST_SLURMD_PORT}-{last_port}" if shape.num_nodes > 1 else last_port,
+        slurmd_timeout_s=10,
+    )
+
+
+def containers(controller: str = "slurmctld") -> Network:
+    """docker-compose: one container per node, each reached by its name on the network."""
+    return Network(
+        cluster_name="runyard-compose",
+        controller_host=controller,
+        controller_addr=None,
+        node_hostname=None,
+        node_addr=None,
+        port_range=SLURMD_PORT,
+        slurmd_timeout_s=30,
+    )
+
+
+def render(
+    shape: ClusterShape,
+    state_dir: Path,
+    munge_socket: str | None = None,
+    network: Network | None = None,
+) -> dict[str, str]:
     """The three config files, by file name, for a cluster rooted at `state_dir`."""
+    net = network or one_box(shape)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
@@ -81,21 +128,22 @@ def render(shape: ClusterShape, state_dir: Path, munge_socket: str | None = None
         "node_range": hostlist(1, shape.num_nodes),
         "gpus_per_node": shape.gpus_per_node,
     }
-    last_port = FIRST_SLURMD_PORT + shape.num_nodes - 1
     slurm_conf = env.get_template("slurm.conf.j2").render(
         **common,
-        cluster_name="runyard-dev",
-        controller_host=socket.gethostname().split(".")[0],
-        controller_addr="127.0.0.1",
+        cluster_name=net.cluster_name,
+        controller_host=net.controller_host,
+        controller_addr=net.controller_addr,
         controller_port=CONTROLLER_PORT,
         slurm_user="root",
         munge_socket=munge_socket,
         state_dir=str(state_dir),
         min_job_age_s=3600,
-        slurmd_timeout_s=10,
+        slurmd_timeout_s=net.slurmd_timeout_s,
         prolog=None,
         epilog=None,
-        port_range=f"{FIRST_SLURMD_PORT}-{last_port}" if shape.num_nodes > 1 else last_port,
+        node_hostname=net.node_hostname,
+        node_addr=net.node_addr,
+        port_range=net.port_range,
         cpus_per_node=shape.cpus_per_node,
         memory_mb_per_node=shape.memory_mb_per_node,
         partition=PARTITION,

@@ -1,32 +1,50 @@
-"""/v1/admin: what on-call uses to drain, resume, size the spare pool and read incidents."""
+"""/v1/admin: what on-call uses. Admin tokens only; every change is in the audit log."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 
-from service.admin.schemas import IncidentOut, SparePool, SparePoolUpdate
+from service.admin.schemas import (
+    AuditOut,
+    IncidentOut,
+    SparePool,
+    SparePoolUpdate,
+    TeamOut,
+    TeamQuota,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+)
+from service.auth import service as auth
+from service.auth.deps import ADMINS, PrincipalDep
 from service.db import SessionDep
-from service.models import Incident
+from service.errors import DbId, InvalidSpec
+from service.models import ApiToken, Incident, Role
+from service.models.base import utcnow
 from service.nodes import service as nodes
 from service.nodes.schemas import DrainRequest, NodeOut, ResumeRequest
 from service.recovery import spares
 from service.slurm import commands
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[ADMINS])
 
 
 @router.post("/nodes/{name}/drain", status_code=status.HTTP_202_ACCEPTED)
-def drain(name: str, body: DrainRequest, session: SessionDep) -> IncidentOut | None:
+def drain(
+    name: str, body: DrainRequest, session: SessionDep, principal: PrincipalDep
+) -> IncidentOut | None:
     """Drain a node; a run on it moves to a spare like after a hardware failure."""
     incident = nodes.request_drain(session, name, body.reason)
+    auth.audit(session, principal, "node.drain", name, {"reason": body.reason})
     return incident_out(incident) if incident else None
 
 
 @router.post("/nodes/{name}/resume")
-def resume(name: str, body: ResumeRequest, session: SessionDep) -> NodeOut:
+def resume(name: str, body: ResumeRequest, session: SessionDep, principal: PrincipalDep) -> NodeOut:
     """Return a drained node to service (only runyard's own drains unless forced)."""
     nodes.require_node(session, name)
     session.rollback()  # no transaction stays open across the Slurm calls below
@@ -38,6 +56,9 @@ def resume(name: str, body: ResumeRequest, session: SessionDep) -> NodeOut:
     commands.resume_node(name)
     node = nodes.require_node(session, name, for_update=True)
     nodes.mark_resumed(session, node, body.force)
+    auth.audit(
+        session, principal, "node.resume", name, {"force": body.force, "slurm_reason": reason}
+    )
     return NodeOut.model_validate(node)
 
 
@@ -50,9 +71,11 @@ def get_spares(session: SessionDep) -> SparePool:
 
 
 @router.put("/spares")
-def set_spares(body: SparePoolUpdate, session: SessionDep) -> SparePool:
+def set_spares(body: SparePoolUpdate, session: SessionDep, principal: PrincipalDep) -> SparePool:
     """Set the spare pool's target; the reconciler fills or shrinks it within a tick."""
+    before = spares.get_target(session)
     spares.set_target(session, body.target)
+    auth.audit(session, principal, "spares.set", "spare pool", {"from": before, "to": body.target})
     return SparePool(target=body.target, members=[n.name for n in spares.spare_nodes(session)])
 
 
@@ -70,3 +93,72 @@ def incident_out(incident: Incident) -> IncidentOut:
     if incident.first_step_at is not None:
         out.recovery_s = (incident.first_step_at - incident.signal_at).total_seconds()
     return out
+
+
+@router.post("/tokens", status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreate, session: SessionDep, principal: PrincipalDep) -> TokenCreated:
+    """A new token for a user, an admin or an agent; the secret is in this answer only."""
+    if body.role == Role.WORKER:
+        raise InvalidSpec("role: worker tokens are minted by the service for each attempt")
+    if (body.role == Role.AGENT) != (body.node_name is not None):
+        raise InvalidSpec("node_name: give it for agent tokens, and only for them")
+    expires = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    row, secret = auth.create_token(
+        session,
+        user=body.user,
+        team=body.team,
+        role=body.role,
+        node_name=body.node_name,
+        expires_at=expires,
+    )
+    auth.audit(
+        session,
+        principal,
+        "token.create",
+        f"token {row.id}",
+        {"user": body.user, "team": body.team, "role": body.role.value},
+    )
+    return TokenCreated.model_validate(
+        {**TokenOut.model_validate(row).model_dump(), "token": secret}
+    )
+
+
+@router.get("/tokens")
+def list_tokens(
+    session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 200
+) -> list[TokenOut]:
+    """Tokens (never their secrets), newest first; worker tokens are left out."""
+    rows = session.scalars(
+        select(ApiToken)
+        .where(ApiToken.role != Role.WORKER)
+        .order_by(ApiToken.id.desc())
+        .limit(limit)
+    ).all()
+    return [TokenOut.model_validate(r) for r in rows]
+
+
+@router.delete("/tokens/{token_id}")
+def revoke_token(token_id: DbId, session: SessionDep, principal: PrincipalDep) -> TokenOut:
+    """Revoke a token at once."""
+    row = auth.revoke_token(session, token_id)
+    auth.audit(session, principal, "token.revoke", f"token {token_id}", {"user": row.user})
+    return TokenOut.model_validate(row)
+
+
+@router.put("/teams/{team}")
+def set_quota(team: str, body: TeamQuota, session: SessionDep, principal: PrincipalDep) -> TeamOut:
+    """Set a team's GPU quota (None for unlimited)."""
+    row = auth.ensure_team(session, team)
+    before, row.gpu_quota = row.gpu_quota, body.gpu_quota
+    auth.audit(session, principal, "team.quota", team, {"from": before, "to": body.gpu_quota})
+    return TeamOut.model_validate(row)
+
+
+@router.get("/audit")
+def read_audit(
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[AuditOut]:
+    """The append-only audit log, oldest first."""
+    return [AuditOut.model_validate(e) for e in auth.audit_entries(session, after_id, limit)]

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.models import IncidentState, RecoveryAction
+from service.models import IncidentState, RecoveryAction, Role
 
 
 class SparePool(BaseModel):
@@ -47,3 +47,61 @@ class IncidentOut(BaseModel):
     recovery_s: float | None = Field(
         default=None, description="Signal to first resumed step, seconds."
     )
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")
+    team: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    role: Role
+    node_name: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Required for agent tokens: the node it speaks for.",
+    )
+    expires_in_days: int | None = Field(default=None, ge=1, le=3650)
+
+
+class TokenOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    prefix: str
+    user: str
+    team: str
+    role: Role
+    node_name: str | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    created_at: datetime
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret: shown this once, stored only as a hash.")
+
+
+class TeamQuota(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_quota: int | None = Field(ge=0, le=1_000_000, description="None: unlimited.")
+
+
+class TeamOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    gpu_quota: int | None
+
+
+class AuditOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: datetime
+    actor: str
+    actor_team: str
+    action: str
+    target: str
+    detail: dict[str, Any]

@@ -1,5 +1,6 @@
 """All tables, imported in one place so Alembic and the app see the same metadata."""
 
+from service.models.auth import ApiToken, AuditEntry, Role, Team
 from service.models.base import Base
 from service.models.incident import ClusterSetting, Incident, IncidentState, RecoveryAction
 from service.models.node import Node, NodeEvent, NodeState
@@ -15,6 +16,10 @@ from service.models.run import (
 )
 
 __all__ = [
+    "ApiToken",
+    "AuditEntry",
+    "Role",
+    "Team",
     "Attempt",
     "AttemptState",
     "Base",

@@ -64,6 +64,10 @@ class Run(Timestamped, Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    team: Mapped[str] = mapped_column(String(64), default="", server_default="", index=True)
+    priority: Mapped[str] = mapped_column(String(16), default="research",
+                                          server_default="research")
     state: Mapped[RunState] = mapped_column(_enum(RunState, "run_state"), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)  # as the user submitted it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.auth.deps import AGENTS, USERS, PrincipalDep
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import NotFound
@@ -21,13 +22,13 @@ from service.recovery.deps import ClassifierDep
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
 
-@router.get("")
+@router.get("", dependencies=[USERS])
 def list_nodes(session: SessionDep) -> list[NodeOut]:
     """Every node with runyard's state and Slurm's."""
     return [NodeOut.model_validate(n) for n in repository.list_nodes(session)]
 
 
-@router.get("/{name}")
+@router.get("/{name}", dependencies=[USERS])
 def show_node(name: str, session: SessionDep) -> NodeDetail:
     """One node with its recent history (state changes, Xids, heartbeats lost)."""
     node = service.require_node(session, name)
@@ -41,16 +42,22 @@ def show_node(name: str, session: SessionDep) -> NodeDetail:
     )
 
 
-@router.post("/{name}/heartbeat", status_code=204)
-def heartbeat(name: str, beat: Heartbeat, session: SessionDep) -> None:
+@router.post("/{name}/heartbeat", status_code=204, dependencies=[AGENTS])
+def heartbeat(name: str, beat: Heartbeat, session: SessionDep, principal: PrincipalDep) -> None:
     """A health agent says its node is alive (the hot path: one UPDATE)."""
+    principal.require_node(name)
     if not service.touch_heartbeat(session, name):
         raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
 
 
-@router.post("/{name}/events")
+@router.post("/{name}/events", dependencies=[AGENTS])
 def post_events(
-    name: str, batch: EventBatch, session: SessionDep, classifier: ClassifierDep
+    name: str,
+    batch: EventBatch,
+    session: SessionDep,
+    classifier: ClassifierDep,
+    principal: PrincipalDep,
 ) -> EventBatchAck:
     """Signals an agent saw on its node; stored once each, classified, acted on."""
+    principal.require_node(name)
     return service.ingest_events(session, name, batch, get_settings(), classifier)

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.models import Node, NodeEvent, NodeState
+from service.observability.metrics import count_node_transition
 
 S = NodeState
 NODE_TRANSITIONS: dict[NodeState, set[NodeState]] = {
@@ -35,4 +36,5 @@ def set_node_state(session: Session, node: Node, new: NodeState, reason: str) ->
     if new not in NODE_TRANSITIONS[node.state]:
         raise IllegalNodeTransition(f"node {node.name}: {node.state} -> {new}")
     old, node.state, node.state_reason = node.state, new, reason
+    count_node_transition(node.name, new.value)
     node_event(session, node, f"node.{new.lower()}", reason, {"from": old.value, "to": new.value})

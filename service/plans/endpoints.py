@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.auth.deps import USERS
 from service.planner.schemas import PlanResult
 from service.plans.schemas import PlanRequest
 from service.plans.service import plan_request
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[USERS])
 
 
 @router.post("")

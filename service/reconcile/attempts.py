@@ -11,12 +11,24 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
 from service.errors import InvalidSpec
-from service.models import Attempt, AttemptState, CheckpointState, Node, NodeState, Run, RunState
+from service.models import (
+    ApiToken,
+    Attempt,
+    AttemptState,
+    CheckpointState,
+    Node,
+    NodeState,
+    Role,
+    Run,
+    RunState,
+)
 from service.models.base import utcnow
 from service.recovery import timeline
 from service.recovery.restart import end_attempt_and_restart
@@ -29,7 +41,7 @@ from service.slurm.commands import JobStatus, SlurmError
 from service.slurm.placement import choose_nodes
 from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import AttemptRequest, job_name, submit_attempt
+from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +153,7 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
     # have submitted: find such jobs by their unique name instead of submitting twice.
     orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
     for req in todo:
+        write_token_file(req, _mint_worker_token(req))
         try:
             if req.reservation:
                 ensure_reservation(req.reservation, req.nodelist.split(","), snapshot.reservations)
@@ -163,6 +176,29 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             )
             timeline.attempt_submitted(session, owner.id)
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
+
+
+def _mint_worker_token(req: AttemptRequest) -> str:
+    """A token valid for this attempt only; it dies with the attempt (see auth/deps.py).
+    Earlier ones for the same attempt (a submission retried after a crash) are revoked."""
+    with session_scope() as session:
+        run = repository.get_run(session, req.run_id)
+        assert run is not None
+        for old in session.scalars(
+            select(ApiToken).where(
+                ApiToken.attempt_id == req.attempt_id, ApiToken.revoked_at.is_(None)
+            )
+        ):
+            old.revoked_at = utcnow()
+        _, secret = create_token(
+            session,
+            user=run.owner or "runyard",
+            team=run.team or "runyard",
+            role=Role.WORKER,
+            run_id=run.id,
+            attempt_id=req.attempt_id,
+        )
+    return secret
 
 
 def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:

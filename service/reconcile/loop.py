@@ -19,6 +19,7 @@ from service.config import Settings
 from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
+from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import attempts
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
@@ -91,4 +92,6 @@ def run_forever(settings: Settings, stop: threading.Event) -> None:
                 reconciler.tick()
             except Exception:  # e.g. Slurm unreachable for the snapshot
                 log.exception("reconcile tick failed; retrying next tick")
+            RECONCILE_DURATION.observe(time.monotonic() - started)
+            RECONCILE_LAST_TICK.set_to_current_time()
             stop.wait(max(0.0, settings.reconcile_interval_s - (time.monotonic() - started)))

@@ -15,6 +15,8 @@ from service.models import Incident, IncidentState, NodeState, RecoveryAction, R
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
+from service.observability import metrics
+from service.observability.logging import log_context
 from service.recovery import hangs
 from service.recovery.restart import end_attempt_and_restart
 from service.recovery.signals import OPEN_STATES
@@ -50,13 +52,14 @@ def process_incidents(settings: Settings) -> None:
             ).all()
         ]
     for item in todo:
-        try:
-            if item.action == RecoveryAction.DRAIN_AND_MOVE:
-                _drain_and_move(item)
-            elif item.action in (RecoveryAction.RESTART, RecoveryAction.RESTART_SAME_NODES):
-                _restart(item)
-        except commands.SlurmError:
-            log.exception("incident %s: Slurm call failed; retrying next tick", item.id)
+        with log_context(incident_id=item.id, node=item.node, run_id=item.run_id):
+            try:
+                if item.action == RecoveryAction.DRAIN_AND_MOVE:
+                    _drain_and_move(item)
+                elif item.action in (RecoveryAction.RESTART, RecoveryAction.RESTART_SAME_NODES):
+                    _restart(item)
+            except commands.SlurmError:
+                log.exception("incident %s: Slurm call failed; retrying next tick", item.id)
 
 
 def _drain_and_move(item: _Todo) -> None:
@@ -68,6 +71,7 @@ def _drain_and_move(item: _Todo) -> None:
             node = nodes_repo.get_node(session, item.node, for_update=True)
             assert incident is not None
             incident.drained_at = utcnow()
+            metrics.observe_incident(incident, "drain")
             if node is not None and node.state != NodeState.DRAINED:
                 if node.state != NodeState.DRAINING:
                     set_node_state(session, node, NodeState.DRAINING, item.message)
@@ -85,6 +89,7 @@ def _drain_and_move(item: _Todo) -> None:
         for run in runs:
             jobs += _move_run(session, run, incident, item.node)
         incident.attempt_ended_at = utcnow()
+        metrics.observe_incident(incident, "stop")
         if not runs:
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
     for job in jobs:
@@ -159,6 +164,7 @@ def _restart(item: _Todo) -> None:
         if stacks:
             incident.details = {**incident.details, "stacks": stacks[-20000:]}
         incident.attempt_ended_at = utcnow()
+        metrics.observe_incident(incident, "stop")
         if target is None:
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
             return

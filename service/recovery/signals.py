@@ -22,6 +22,7 @@ from service.models import (
     RecoveryAction,
 )
 from service.models.base import utcnow
+from service.observability import metrics
 from service.recovery.classification import Classifier, Rule, signal_name
 
 OPEN_STATES = (IncidentState.OPEN, IncidentState.WAITING)
@@ -59,6 +60,8 @@ def open_incident(
     )
     session.add(incident)
     session.flush()
+    metrics.count_incident(signal, action.value)
+    metrics.observe_incident(incident, "detect")
     return incident
 
 
@@ -112,6 +115,8 @@ def ingest_node_events(
         ).all()
     )
     for event in events:
+        if event.idempotency_key in inserted:
+            metrics.count_node_event(event.kind, event.code, rules[event.idempotency_key].action)
         if event.idempotency_key in inserted and rules[event.idempotency_key].action != (
             RecoveryAction.OBSERVE
         ):

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Incident, IncidentState
 from service.models.base import utcnow
+from service.observability import metrics
 from service.recovery.signals import OPEN_STATES
 
 
@@ -27,15 +28,18 @@ def _open_for_run(session: Session, run_id: int) -> list[Incident]:
 
 def attempt_submitted(session: Session, run_id: int) -> None:
     for incident in _open_for_run(session, run_id):
-        incident.submitted_at = incident.submitted_at or utcnow()
+        if incident.submitted_at is None:
+            incident.submitted_at = utcnow()
+            metrics.observe_incident(incident, "resubmit")
         if incident.state == IncidentState.WAITING:
             incident.state = IncidentState.OPEN
 
 
 def attempt_running(session: Session, run_id: int) -> None:
     for incident in _open_for_run(session, run_id):
-        if incident.submitted_at is not None:
-            incident.running_at = incident.running_at or utcnow()
+        if incident.submitted_at is not None and incident.running_at is None:
+            incident.running_at = utcnow()
+            metrics.observe_incident(incident, "start")
 
 
 def first_step(session: Session, run_id: int, step: int) -> None:
@@ -44,6 +48,9 @@ def first_step(session: Session, run_id: int, step: int) -> None:
         if incident.submitted_at is None:
             continue
         now = utcnow()
-        incident.running_at = incident.running_at or now
+        if incident.running_at is None:
+            incident.running_at = now
+            metrics.observe_incident(incident, "start")
         incident.first_step_at, incident.resume_step = now, step - 1
         incident.state, incident.resolved_at = IncidentState.RESOLVED, now
+        metrics.observe_incident(incident, "first_step", "total")

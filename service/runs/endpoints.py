@@ -6,8 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
+from service.auth.deps import USERS, PrincipalDep
 from service.config import get_settings
 from service.db import SessionDep
+from service.errors import DbId
 from service.models import RunState
 from service.runs import repository
 from service.runs.schemas import (
@@ -20,56 +22,62 @@ from service.runs.schemas import (
 )
 from service.runs.service import cancel_run, create_run, require_run, run_goodput, run_out
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[USERS])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def submit_run(spec: RunSpec, session: SessionDep) -> RunOut:
+def submit_run(spec: RunSpec, session: SessionDep, principal: PrincipalDep) -> RunOut:
     """Validate and plan a run; the reconciler submits it to Slurm."""
-    return run_out(create_run(session, spec, get_settings()))
+    return run_out(create_run(session, spec, get_settings(), principal))
 
 
 @router.get("")
 def list_runs(
     session: SessionDep,
+    principal: PrincipalDep,
     state: RunState | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> RunList:
     """Runs, newest first."""
-    runs, total = repository.list_runs(session, state, limit, offset)
+    runs, total = repository.list_runs(
+        session, state, limit, offset, None if principal.is_admin else principal.team
+    )
     return RunList(items=[run_out(r) for r in runs], total=total)
 
 
 @router.get("/{run_id}")
-def show_run(run_id: int, session: SessionDep) -> RunOut:
+def show_run(run_id: DbId, session: SessionDep, principal: PrincipalDep) -> RunOut:
     """One run with its attempts."""
-    run = require_run(session, run_id)
+    run = require_run(session, run_id, principal)
     return run_out(run, run_goodput(session, run))
 
 
 @router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
-def cancel(run_id: int, session: SessionDep) -> RunOut:
+def cancel(run_id: DbId, session: SessionDep, principal: PrincipalDep) -> RunOut:
     """Ask for a run to stop; its Slurm job is cancelled within a reconcile tick."""
-    return run_out(cancel_run(session, run_id))
+    return run_out(cancel_run(session, run_id, principal))
 
 
 @router.get("/{run_id}/checkpoints")
-def list_checkpoints(run_id: int, session: SessionDep) -> list[CheckpointOut]:
+def list_checkpoints(
+    run_id: DbId, session: SessionDep, principal: PrincipalDep
+) -> list[CheckpointOut]:
     """The run's checkpoints, oldest first, with their state."""
-    require_run(session, run_id)
+    require_run(session, run_id, principal)
     return [CheckpointOut.model_validate(c) for c in repository.checkpoints(session, run_id)]
 
 
 @router.get("/{run_id}/events")
 def list_events(
-    run_id: int,
+    run_id: DbId,
     session: SessionDep,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    principal: PrincipalDep,
+    after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[RunEventOut]:
     """The run's timeline: state changes, attempts, checkpoints."""
-    require_run(session, run_id)
+    require_run(session, run_id, principal)
     return [
         RunEventOut.model_validate(e) for e in repository.events(session, run_id, after_id, limit)
     ]
@@ -77,13 +85,14 @@ def list_events(
 
 @router.get("/{run_id}/metrics")
 def list_metrics(
-    run_id: int,
+    run_id: DbId,
     session: SessionDep,
-    after_step: Annotated[int, Query(ge=-1)] = -1,
+    principal: PrincipalDep,
+    after_step: Annotated[int, Query(ge=-1, le=2**31)] = -1,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> list[MetricOut]:
     """Per-step loss and throughput as rank 0 reported them, across attempts."""
-    require_run(session, run_id)
+    require_run(session, run_id, principal)
     return [
         MetricOut.model_validate(m) for m in repository.metrics(session, run_id, after_step, limit)
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -117,3 +118,15 @@ def compute_goodput(
         lost=lost,
         queued_s=queued,
     )
+
+
+def achieved_mfu(plan: dict[str, Any] | None, tokens_per_s: float | None) -> float | None:
+    """MFU at a measured throughput, in the plan's convention and on the plan's GPUs.
+
+    For a fixed model, sequence length, GPU count and GPU type, MFU is proportional to
+    tokens/s (model FLOPs per token are fixed), so the plan's own ratio converts one into
+    the other without redoing the FLOP count.
+    """
+    if not plan or tokens_per_s is None or not plan.get("tokens_per_s"):
+        return None
+    return float(plan["mfu"]) * tokens_per_s / float(plan["tokens_per_s"])

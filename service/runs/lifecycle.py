@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Attempt, AttemptState, Run, RunEvent, RunState
 from service.models.base import utcnow
+from service.observability.metrics import count_run_event
 
 RUN_TRANSITIONS: dict[RunState, set[RunState]] = {
     RunState.PENDING: {RunState.RUNNING, RunState.CANCELLING, RunState.FAILED, RunState.CANCELLED},
@@ -59,6 +60,7 @@ def record_event(
             data=data or {},
         )
     )
+    count_run_event(kind)
 
 
 def set_run_state(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session, selectinload
 
 from service.models import (
@@ -29,12 +30,15 @@ def get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run |
 
 
 def list_runs(
-    session: Session, state: RunState | None, limit: int, offset: int
+    session: Session, state: RunState | None, limit: int, offset: int, team: str | None = None
 ) -> tuple[Sequence[Run], int]:
+    """Newest first; only `team`'s runs unless team is None (an admin's view)."""
     stmt = select(Run).options(selectinload(Run.attempts)).order_by(Run.id.desc())
     count = select(func.count()).select_from(Run)
     if state is not None:
         stmt, count = stmt.where(Run.state == state), count.where(Run.state == state)
+    if team is not None:
+        stmt, count = stmt.where(Run.team == team), count.where(Run.team == team)
     return session.scalars(stmt.limit(limit).offset(offset)).all(), session.scalar(count) or 0
 
 
@@ -98,3 +102,25 @@ def metrics(session: Session, run_id: int, after_step: int, limit: int) -> Seque
         .limit(limit)
     )
     return session.scalars(stmt).all()
+
+
+def last_metric_per_attempt(session: Session, run_id: int) -> Sequence[Metric]:
+    """The newest metric of each attempt: all goodput needs, without every step's row."""
+    stmt = (
+        select(Metric)
+        .where(Metric.run_id == run_id)
+        .ext(distinct_on(Metric.attempt_id))
+        .order_by(Metric.attempt_id, Metric.recorded_at.desc(), Metric.id.desc())
+    )
+    return session.scalars(stmt).all()
+
+
+def gpus_in_use(session: Session, team: str) -> int:
+    """GPUs held or wanted by the team's runs that have not ended."""
+    active = (RunState.PENDING, RunState.RUNNING, RunState.CANCELLING)
+    total = session.scalar(
+        select(func.coalesce(func.sum(Run.num_nodes * Run.gpus_per_node), 0)).where(
+            Run.team == team, Run.state.in_(active)
+        )
+    )
+    return int(total or 0)

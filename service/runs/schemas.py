@@ -64,6 +64,11 @@ class RunSpec(_Spec):
         description="Without a spare the run may continue on this many nodes (checkpoints "
         "reshard); None: wait for a replacement.",
     )
+    priority: Literal["prod", "research", "scavenger"] = Field(
+        default="research",
+        description="prod may preempt research and scavenger runs; research may preempt "
+        "scavenger runs.",
+    )
     max_restarts: int | None = Field(
         default=None, ge=0, le=100, description="Automatic re-submissions after a failure."
     )
@@ -104,6 +109,9 @@ class RunOut(BaseModel):
 
     id: int
     name: str
+    owner: str = ""
+    team: str = ""
+    priority: str = "research"
     state: RunState
     state_reason: str
     num_nodes: int
@@ -126,6 +134,10 @@ class RunOut(BaseModel):
     num_hardware_restarts: int = 0
     attempts: list[AttemptOut] = Field(default_factory=list)
     goodput: Goodput | None = Field(default=None, description="Only on GET /v1/runs/{id}.")
+    mfu: float | None = Field(
+        default=None,
+        description="MFU of the last reported step, in the plan's convention on its GPUs.",
+    )
 
 
 class RunList(BaseModel):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from service.auth.principal import Principal
+from service.auth.service import audit
 from service.config import Settings
-from service.errors import Conflict, InvalidSpec, NotFound
-from service.models import Attempt, Run, RunState
+from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
+from service.models import Attempt, Run, RunState, Team
 from service.planner.resolve import LayoutError, resolve_layout
 from service.plans.service import admit, shape_of
 from service.runs import repository
-from service.runs.goodput import Goodput, compute_goodput
+from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, RunOut, RunSpec
 from worker.config import ModelShape, ParallelLayout, ResumePoint, WorkerRunConfig
@@ -44,8 +46,12 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
     return shape, layout
 
 
-def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
+def create_run(
+    session: Session, spec: RunSpec, settings: Settings, principal: Principal | None = None
+) -> Run:
     shape, layout = resolve(spec)
+    if principal is not None:
+        check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     planned = admit(
         shape,
         layout,
@@ -57,6 +63,9 @@ def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
     )
     run = Run(
         name=spec.name,
+        owner=principal.user if principal else "",
+        team=principal.team if principal else "",
+        priority=spec.priority,
         state=RunState.PENDING,
         state_reason="accepted; waiting for Slurm",
         spec=spec.model_dump(mode="json"),
@@ -89,16 +98,37 @@ def create_run(session: Session, spec: RunSpec, settings: Settings) -> Run:
     return run
 
 
-def require_run(session: Session, run_id: int, *, for_update: bool = False) -> Run:
+def require_run(
+    session: Session, run_id: int, principal: Principal | None = None, *, for_update: bool = False
+) -> Run:
+    """The run, if it exists and the caller's team may see it (404 either way otherwise)."""
+    missing = f"no run with id {run_id}; `runyard run list` shows the runs"
     run = repository.get_run(session, run_id, for_update=for_update)
     if run is None:
-        raise NotFound(f"no run with id {run_id}; `runyard run list` shows the runs")
+        raise NotFound(missing)
+    if principal is not None:
+        principal.require_team_of(run.team, missing)
     return run
 
 
-def cancel_run(session: Session, run_id: int) -> Run:
+def check_quota(session: Session, team: str, gpus: int) -> None:
+    """Refuse a run that would take the team past its GPU quota."""
+    row = session.get(Team, team)
+    if row is None or row.gpu_quota is None:
+        return
+    in_use = repository.gpus_in_use(session, team)
+    if in_use + gpus > row.gpu_quota:
+        raise QuotaExceeded(
+            f"team {team} has a quota of {row.gpu_quota} GPUs, {in_use} in use by active runs; "
+            f"this run needs {gpus}: cancel a run or ask an admin to raise the quota"
+        )
+
+
+def cancel_run(session: Session, run_id: int, principal: Principal | None = None) -> Run:
     """Mark the run CANCELLING; the reconciler stops its Slurm job outside this transaction."""
-    run = require_run(session, run_id, for_update=True)
+    run = require_run(session, run_id, principal, for_update=True)
+    if principal is not None and principal.is_admin and run.team != principal.team:
+        audit(session, principal, "run.cancel", f"run {run.id}", {"team": run.team})
     if run.state.is_terminal:
         raise Conflict(f"run {run_id} already ended ({run.state}); nothing to cancel")
     if run.state == RunState.PENDING and repository.live_attempt(run) is None:
@@ -112,6 +142,9 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
     return RunOut(
         id=run.id,
         name=run.name,
+        owner=run.owner,
+        team=run.team,
+        priority=run.priority,
         state=run.state,
         state_reason=run.state_reason,
         num_nodes=run.num_nodes,
@@ -131,6 +164,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
         nodes=run.nodes,
         num_hardware_restarts=run.num_hardware_restarts,
         goodput=goodput,
+        mfu=achieved_mfu(run.config.get("plan"), run.tokens_per_s),
         attempts=[AttemptOut.model_validate(a) for a in run.attempts],
     )
 

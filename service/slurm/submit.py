@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,11 @@ class AttemptRequest:
     time_limit_min: int
     nodelist: str = ""
     reservation: str | None = None
+
+    @property
+    def token_file(self) -> Path:
+        """The attempt's worker token (mode 0600), read by the batch script at start."""
+        return self.job_folder / "worker.token"
 
 
 def job_name(prefix: str, run_id: int, attempt_id: int) -> str:
@@ -55,6 +62,8 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
     if req.reservation:
         # The run's own reservation keeps its nodes between attempts (see reservations.py).
         params["additional_parameters"] = {"reservation": req.reservation}
+    # The token goes through a file, never the command line (visible in ps) or the pickle.
+    params["setup"] = [f'export RUNYARD_TOKEN="$(cat {shlex.quote(str(req.token_file))})"']
     return params
 
 
@@ -70,6 +79,13 @@ def worker_command(settings: Settings, attempt_id: int) -> list[str]:
         "--attempt-id",
         str(attempt_id),
     ]
+
+
+def write_token_file(req: AttemptRequest, token: str) -> None:
+    req.job_folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(req.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
 
 
 def submit_attempt(req: AttemptRequest, settings: Settings) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.auth.deps import WORKER_OF_ATTEMPT
 from service.config import get_settings
 from service.db import SessionDep
+from service.errors import DbId
 from service.runs.schemas import CheckpointOut
 from service.runs.service import worker_config
 from service.workers import service
@@ -18,18 +20,20 @@ from service.workers.schemas import (
 )
 from worker.config import WorkerRunConfig
 
-router = APIRouter(prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"])
+router = APIRouter(
+    prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"], dependencies=[WORKER_OF_ATTEMPT]
+)
 
 
 @router.get("/config")
-def get_config(attempt_id: int, session: SessionDep) -> WorkerRunConfig:
+def get_config(attempt_id: DbId, session: SessionDep) -> WorkerRunConfig:
     """The resolved config this attempt's ranks train with (includes where to resume)."""
     attempt, run = service.live_attempt_and_run(session, attempt_id)
     return worker_config(session, run, attempt, get_settings())
 
 
 @router.post("/progress")
-def report_progress(attempt_id: int, report: ProgressReport, session: SessionDep) -> ProgressAck:
+def report_progress(attempt_id: DbId, report: ProgressReport, session: SessionDep) -> ProgressAck:
     """Heartbeat plus the losses of the steps since the last report."""
     run, attempt = service.record_progress(session, attempt_id, report)
     return ProgressAck(run_state=run.state, attempt_state=attempt.state)
@@ -37,20 +41,20 @@ def report_progress(attempt_id: int, report: ProgressReport, session: SessionDep
 
 @router.post("/checkpoints")
 def report_checkpoint(
-    attempt_id: int, report: CheckpointReport, session: SessionDep
+    attempt_id: DbId, report: CheckpointReport, session: SessionDep
 ) -> CheckpointOut:
     """Register a checkpoint as WRITING, then as COMMITTED once every rank finished it."""
     return CheckpointOut.model_validate(service.record_checkpoint(session, attempt_id, report))
 
 
 @router.post("/finish")
-def report_finish(attempt_id: int, report: FinishReport, session: SessionDep) -> dict[str, int]:
+def report_finish(attempt_id: DbId, report: FinishReport, session: SessionDep) -> dict[str, int]:
     """The last step and its checkpoint are done: the run may succeed when the job ends."""
     run = service.record_finish(session, attempt_id, report)
     return {"run_id": run.id, "final_step": report.final_step}
 
 
 @router.post("/errors", status_code=204)
-def report_error(attempt_id: int, report: ErrorReport, session: SessionDep) -> None:
+def report_error(attempt_id: DbId, report: ErrorReport, session: SessionDep) -> None:
     """A rank caught a collective failure; recorded before the rank exits."""
     service.record_error(session, attempt_id, report)

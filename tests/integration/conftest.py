@@ -66,9 +66,11 @@ def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test
 class ServiceProcess:
     """The real service (uvicorn + reconciler) as a child process that tests can restart."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.url = f"http://127.0.0.1:{SERVICE_PORT}"
+    def __init__(
+        self, env: dict[str, str], log: Path, admin_token: str, port: int = SERVICE_PORT
+    ) -> None:
+        self.env, self.log, self.admin_token, self.port = env, log, admin_token, port
+        self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -83,7 +85,7 @@ class ServiceProcess:
                     "--host",
                     "127.0.0.1",
                     "--port",
-                    str(SERVICE_PORT),
+                    str(self.port),
                 ],
                 env=self.env,
                 cwd=REPO_ROOT,
@@ -113,13 +115,17 @@ class ServiceProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def client(self) -> RunyardClient:
-        return RunyardClient(self.url)
+    def client(self, token: str | None = None) -> RunyardClient:
+        """An API client, as the admin unless another token is given."""
+        return RunyardClient(self.url, token=token or self.admin_token)
 
 
 @pytest.fixture(scope="session")
 def service(
-    database_url: str, slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
+    database_url: str,
+    slurm_cluster: DevCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    admin_token: str,
 ) -> Iterator[ServiceProcess]:
     state_dir = tmp_path_factory.mktemp("service-state")
     env = {
@@ -136,7 +142,7 @@ def service(
         "RUNYARD_HANG_MIN_S": "8",
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
     }
-    svc = ServiceProcess(env, state_dir / "service.log")
+    svc = ServiceProcess(env, state_dir / "service.log", admin_token)
     svc.start()
     yield svc
     svc.stop()
@@ -173,6 +179,13 @@ class Agents:
     def start(self, node: str) -> None:
         (self.root / node).mkdir(parents=True, exist_ok=True)
         self.kern_log(node).touch()
+        token_file = self.root / node / "agent.token"
+        if not token_file.exists():
+            created = self.service.client().create_token(
+                user=f"agent-{node}", team="ops", role="agent", node_name=node
+            )
+            token_file.write_text(created["token"])
+        env = {**os.environ, "RUNYARD_AGENT_TOKEN": token_file.read_text().strip()}
         with open(self.root / node / "agent.log", "ab") as out:
             self.procs[node] = subprocess.Popen(
                 [
@@ -193,6 +206,7 @@ class Agents:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
+                env=env,
             )
 
     def stop(self, node: str) -> None:

@@ -19,7 +19,8 @@ runner = CliRunner()
 
 
 def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
-    result = runner.invoke(app, list(args), env={"RUNYARD_URL": service.url})
+    env = {"RUNYARD_URL": service.url, "RUNYARD_TOKEN": service.admin_token}
+    result = runner.invoke(app, list(args), env=env)
     return result.exit_code, result.output
 
 

@@ -157,12 +157,8 @@ def test_accepted_run_carries_its_plan(api: Any) -> None:
     assert 0 < plan["mfu"] < 1
 
 
-def test_plans_endpoint_answers_and_refuses() -> None:
-    from fastapi.testclient import TestClient
-
-    from service.app import create_app
-
-    client = TestClient(create_app())
+def test_plans_endpoint_answers_and_refuses(api: Any) -> None:
+    client = api
     ok = client.post(
         "/v1/plans",
         json={

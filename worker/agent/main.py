@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--poll-s", type=float, default=0.25, help="signal polling period")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{args.node}] %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     agent = Agent(args)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())

@@ -1,6 +1,17 @@
-"""Parallelism: the layout's device mesh, and how each model is wrapped on it."""
+"""Parallelism: the layout's device meshes, and how the model is built and wrapped on them."""
 
 from worker.parallel.parallel_dims import ParallelDims
-from worker.parallel.parallelize import check_supported, parallelize_llama
+from worker.parallel.parallelize import (
+    TrainingModel,
+    build_training_model,
+    check_supported,
+    parallelize_llama,
+)
 
-__all__ = ["ParallelDims", "check_supported", "parallelize_llama"]
+__all__ = [
+    "ParallelDims",
+    "TrainingModel",
+    "build_training_model",
+    "check_supported",
+    "parallelize_llama",
+]

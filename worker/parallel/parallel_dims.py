@@ -1,20 +1,22 @@
-"""ParallelDims: the one object that owns the layout's degrees and builds the device mesh."""
+"""ParallelDims: the one object that owns the layout's degrees and builds every device mesh."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from worker.config import ParallelLayout
 from worker.errors import DoNotRetryError
 
-# Outermost to innermost. tp last so tensor-parallel peers are adjacent ranks, which the
-# scheduler places on one node (NVLink); pp first so pipeline stages span nodes.
-MESH_ORDER = ("pp", "dp", "cp", "tp")
+# Outermost to innermost. tp innermost so tensor-parallel peers are adjacent ranks, which the
+# scheduler places on one node (NVLink); then cp, whose all-gathers are the next heaviest
+# traffic; then pipeline stages (point-to-point sends of one activation); dp outermost, so
+# its once-per-step gradient reduction is what crosses the most switches.
+MESH_ORDER = ("dp", "pp", "cp", "tp")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ParallelDims:
     """Degrees of each parallel dimension; their product is the world size."""
 
@@ -23,6 +25,7 @@ class ParallelDims:
     pp: int
     cp: int
     world_size: int
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         product = self.dp * self.tp * self.pp * self.cp
@@ -38,12 +41,32 @@ class ParallelDims:
 
     @property
     def mesh_dims(self) -> dict[str, int]:
-        """Named dims in MESH_ORDER; dims of degree 1 are left out (each costs process
-        groups at init), except dp, which the data loader and DDP always ask for."""
-        degrees = {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}
-        return {name: degrees[name] for name in MESH_ORDER if degrees[name] > 1 or name == "dp"}
+        """Every named dim in MESH_ORDER, degree-1 ones included: a size-1 dim costs one
+        trivial group, and keeping it lets every caller ask for any dim by name."""
+        degrees = {"dp": self.dp, "pp": self.pp, "cp": self.cp, "tp": self.tp}
+        return {name: degrees[name] for name in MESH_ORDER}
+
+    @property
+    def batch_degree(self) -> int:
+        """Ranks holding different tokens of a step (dp x cp): gradients average over them."""
+        return self.dp * self.cp
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """The device mesh over the default process group (a collective: every rank calls)."""
+        """The world mesh over the default process group, plus its 1-D sub-meshes, kept in
+        `meshes`: one per dim, and `dp_cp` flattened from dp and cp, the group that data
+        parallel reduces gradients over (context-parallel ranks hold the same weights but
+        different tokens). A collective: every rank calls it, in the same order."""
         dims = self.mesh_dims
-        return init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+        world = init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+        self._meshes = {name: world[name] for name in dims}
+        # Kept here rather than sliced from `world` again later: torch deprecates slicing a
+        # flattened dim out of the root mesh.
+        self._meshes["dp_cp"] = world["dp", "cp"]._flatten("dp_cp")
+        self._meshes["world"] = world
+        return world
+
+    def mesh(self, name: str) -> DeviceMesh:
+        """The sub-mesh `name` ("dp", "pp", "cp", "tp", "dp_cp" or "world")."""
+        if not self._meshes:
+            raise RuntimeError("ParallelDims.build_mesh() must run first")
+        return self._meshes[name]

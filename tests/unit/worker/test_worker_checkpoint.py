@@ -74,7 +74,7 @@ def test_save_commit_and_load_restore_everything(tmp_path: Path, one_rank_world:
     model(torch.randint(0, 256, (2, 16))).sum().backward()
     optimizer.step()
     trainer = checkpoint.TrainerState(step=7, data_step=7, consumed_tokens=7 * 128)
-    state = checkpoint.training_state(model, optimizer, trainer, rank=0)
+    state = checkpoint.training_state([model], [optimizer], trainer, rank=0)
     torch.manual_seed(99)
     saved = checkpoint.save(tmp_path, 7, state)
     expected_draw = torch.rand(3)
@@ -90,7 +90,9 @@ def test_save_commit_and_load_restore_everything(tmp_path: Path, one_rank_world:
     )
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
     fresh_trainer = checkpoint.TrainerState()
-    checkpoint.load(saved.path, checkpoint.training_state(fresh, fresh_optimizer, fresh_trainer, 0))
+    checkpoint.load(
+        saved.path, checkpoint.training_state([fresh], [fresh_optimizer], fresh_trainer, 0)
+    )
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     exp_avg = optimizer.state[model.output.weight]["exp_avg"]

@@ -64,8 +64,9 @@ def test_an_attempt_reports_every_step_its_checkpoints_and_the_finish(
 def test_an_unsupported_layout_exits_do_not_retry(
     fake_service: FakeService, one_slurm_task: None, tmp_path: Path, capsys
 ) -> None:
-    fake_service.config = tiny_spec(tmp_path, tmp_path, attempt_id=9, layout={"zero_stage": 3})
+    # fp8 on a machine without an FP8 GPU: refused before any collective, never retried.
+    fake_service.config = tiny_spec(tmp_path, tmp_path, attempt_id=9, layout={"precision": "fp8"})
     with pytest.raises(SystemExit) as exited:
         run_attempt(fake_service.url, 9)
     assert exited.value.code == ExitCode.DO_NOT_RETRY
-    assert "zero_stage=3 is not supported yet by this worker" in capsys.readouterr().err
+    assert "precision=fp8 needs an NVIDIA GPU with FP8 tensor cores" in capsys.readouterr().err

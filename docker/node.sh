@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One compute node: munged, the node's health agent, and slurmd in the foreground.
+source /opt/runyard/docker/common.sh
+NODE=${1:?usage: node.sh gpuNNN}
+render_slurm_conf
+start_munge
+wait_for_file "$TOKENS/$NODE.token"
+mkdir -p "/var/lib/runyard/agent/$NODE"
+touch /var/log/kern.log
+RUNYARD_AGENT_TOKEN=$(cat "$TOKENS/$NODE.token") python -m worker.agent \
+  --node "$NODE" --service-url "${RUNYARD_PUBLIC_URL:-http://service:8000}" \
+  --kernel-log /var/log/kern.log --state-dir "/var/lib/runyard/agent/$NODE" \
+  --run-logs "/var/lib/runyard/state/jobs/**/*.out" &
+exec slurmd -D -N "$NODE" -f /etc/slurm/slurm.conf

@@ -1,0 +1,72 @@
+"""Mint a token straight into the database: how the first admin token (and the dev cluster's
+agent tokens) come to exist before anyone can call the API.
+
+    python -m service.auth.bootstrap --user admin --team ops --role admin --out admin.token
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from service.auth.service import create_token
+from service.auth.tokens import hash_token
+from service.config import Settings
+from service.models import ApiToken, Role
+
+
+def token_file_is_valid(session: Session, path: Path) -> bool:
+    if not path.exists():
+        return False
+    row = session.scalars(
+        select(ApiToken).where(ApiToken.token_hash == hash_token(path.read_text().strip()))
+    ).one_or_none()
+    return row is not None and row.revoked_at is None and row.expires_at is None
+
+
+def mint_token_file(
+    database_url: str, path: Path, *, user: str, team: str, role: Role, node_name: str | None = None
+) -> bool:
+    """Write a new token to `path` (mode 0600) unless it already holds a valid one."""
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as session, session.begin():
+            if token_file_is_valid(session, path):
+                return False
+            _, secret = create_token(session, user=user, team=team, role=role, node_name=node_name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secret + "\n")
+            return True
+    finally:
+        engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--user", required=True)
+    parser.add_argument("--team", required=True)
+    parser.add_argument(
+        "--role", choices=[r.value for r in Role if r != Role.WORKER], required=True
+    )
+    parser.add_argument("--node", default=None, help="for agent tokens")
+    parser.add_argument("--out", type=Path, required=True, help="file to write (mode 0600)")
+    args = parser.parse_args()
+    made = mint_token_file(
+        Settings().database_url,
+        args.out,
+        user=args.user,
+        team=args.team,
+        role=Role(args.role),
+        node_name=args.node,
+    )
+    print(f"{'wrote a new token to' if made else 'kept the valid token in'} {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The authenticated caller and the checks every endpoint makes on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import AppError, NotFound
+from service.models import Role
+
+
+class Unauthenticated(AppError):
+    status_code = 401
+    code = "unauthenticated"
+
+
+class Forbidden(AppError):
+    status_code = 403
+    code = "forbidden"
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: int
+    user: str
+    team: str
+    role: Role
+    node_name: str | None = None
+    run_id: int | None = None
+    attempt_id: int | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Role.ADMIN
+
+    def require(self, *roles: Role) -> None:
+        if self.role not in roles:
+            allowed = " or ".join(r.value for r in roles)
+            raise Forbidden(f"this needs a {allowed} token; yours is a {self.role.value} token")
+
+    def require_node(self, name: str) -> None:
+        """Agents speak only for their own node (admins for any)."""
+        if self.role == Role.AGENT and self.node_name != name:
+            raise Forbidden(f"this agent token belongs to node {self.node_name}, not {name}")
+
+    def require_attempt(self, attempt_id: int) -> None:
+        """Worker tokens are scoped to one attempt (admins may act for any)."""
+        if self.role == Role.WORKER and self.attempt_id != attempt_id:
+            raise Forbidden(f"this worker token belongs to attempt {self.attempt_id}")
+
+    def require_team_of(self, team: str, what: str) -> None:
+        """Another team's object does not exist, as far as a user can tell."""
+        if not self.is_admin and team != self.team:
+            raise NotFound(what)

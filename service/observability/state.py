@@ -1,0 +1,163 @@
+"""Gauges read from Postgres at scrape time: the platform's state as a dashboard shows it.
+
+Read on every scrape (every 15-60 s) in one short read-only transaction, with queries that
+stay cheap however long runs train: counts grouped in SQL, and goodput from the last metric
+of each attempt rather than every step ever reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.models import Attempt, Incident, Node, NodeState, Run, RunState
+from service.models.base import utcnow
+from service.recovery.signals import OPEN_STATES
+from service.recovery.spares import get_target
+from service.runs.goodput import achieved_mfu, compute_goodput
+from service.runs.repository import checkpoints, last_metric_per_attempt
+
+log = logging.getLogger(__name__)
+SessionFactory = Callable[[], AbstractContextManager[Session]]
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class StateCollector(Collector):
+    """Yields the state gauges; `runyard_database_up` is 0 (and nothing else) when Postgres
+    cannot be read, so an alert can tell "Postgres down" from "no runs"."""
+
+    def __init__(self, session_factory: SessionFactory) -> None:
+        self.session_factory = session_factory
+
+    def collect(self) -> Iterator[Metric]:
+        up = _gauge("runyard_database_up", "1 if the service could read Postgres at scrape time.")
+        try:
+            with self.session_factory() as session:
+                families = list(self._read(session))
+        except Exception:  # any database failure: report it as a metric, not a 500
+            log.exception("metrics: cannot read Postgres")
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _read(self, session: Session) -> Iterator[Metric]:
+        runs = _gauge("runyard_runs", "Runs by state.", ["state"])
+        by_state = dict(session.execute(select(Run.state, func.count()).group_by(Run.state)).all())
+        for state in RunState:
+            runs.add_metric([state.value], by_state.get(state, 0))
+        yield runs
+
+        nodes = _gauge("runyard_nodes", "Nodes by runyard state.", ["state"])
+        by_node_state = dict(
+            session.execute(select(Node.state, func.count()).group_by(Node.state)).all()
+        )
+        for node_state in NodeState:
+            nodes.add_metric([node_state.value], by_node_state.get(node_state, 0))
+        yield nodes
+
+        spares = _gauge("runyard_spare_pool_nodes", "Nodes held in the hot-spare pool now.")
+        spares.add_metric([], by_node_state.get(NodeState.SPARE, 0))
+        yield spares
+        target = _gauge("runyard_spare_pool_target_nodes", "The spare pool's target size.")
+        target.add_metric([], get_target(session))
+        yield target
+
+        yield from self._heartbeats(session)
+        yield from self._incidents(session)
+        yield from self._running_runs(session)
+
+    def _heartbeats(self, session: Session) -> Iterator[Metric]:
+        lag = _gauge(
+            "runyard_node_heartbeat_lag_seconds",
+            "Seconds since the node's health agent was last heard from.",
+            ["node"],
+        )
+        now = utcnow()
+        for name, last in session.execute(
+            select(Node.name, Node.last_heartbeat_at).where(Node.last_heartbeat_at.is_not(None))
+        ).all():
+            if last is not None:
+                lag.add_metric([name], max((now - last).total_seconds(), 0.0))
+        yield lag
+
+    def _incidents(self, session: Session) -> Iterator[Metric]:
+        open_ = _gauge(
+            "runyard_incidents_open",
+            "Incidents whose recovery has not finished, by state (WAITING: no spare).",
+            ["state"],
+        )
+        rows = dict(
+            session.execute(
+                select(Incident.state, func.count())
+                .where(Incident.state.in_(OPEN_STATES))
+                .group_by(Incident.state)
+            ).all()
+        )
+        for state in OPEN_STATES:
+            open_.add_metric([state.value], rows.get(state, 0))
+        yield open_
+        oldest = session.scalar(
+            select(func.min(Incident.signal_at)).where(Incident.state.in_(OPEN_STATES))
+        )
+        age = _gauge(
+            "runyard_incident_oldest_open_age_seconds",
+            "Age of the oldest unfinished recovery (0 when none): a run stuck in recovery.",
+        )
+        age.add_metric([], (utcnow() - oldest).total_seconds() if oldest else 0.0)
+        yield age
+
+    def _running_runs(self, session: Session) -> Iterator[Metric]:
+        labels = ["run_id", "run_name"]
+        goodput = _gauge(
+            "runyard_run_goodput_ratio",
+            "Productive share of the time a running run has held its GPUs so far.",
+            labels,
+        )
+        budget = _gauge(
+            "runyard_run_goodput_budget_ratio",
+            "The goodput the planner expected for the run (its failure budget).",
+            labels,
+        )
+        allocated = _gauge(
+            "runyard_run_allocated_seconds", "Time a running run has held its nodes.", labels
+        )
+        mfu = _gauge(
+            "runyard_run_mfu_ratio",
+            "Model FLOPs utilisation of the last reported step (PaLM convention, the plan's GPUs).",
+            labels,
+        )
+        running = session.scalars(
+            select(Run).where(Run.state == RunState.RUNNING).order_by(Run.id)
+        ).all()
+        for run in running:
+            key = [str(run.id), run.name]
+            attempts = session.scalars(
+                select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
+            ).all()
+            figures = compute_goodput(
+                run,
+                attempts,
+                last_metric_per_attempt(session, run.id),
+                checkpoints(session, run.id),
+            )
+            allocated.add_metric(key, figures.allocated_s)
+            if figures.goodput is not None:
+                goodput.add_metric(key, figures.goodput)
+            plan = run.config.get("plan") or {}
+            if "goodput" in plan:
+                budget.add_metric(key, plan["goodput"])
+            if (value := achieved_mfu(plan, run.tokens_per_s)) is not None:
+                mfu.add_metric(key, value)
+        yield from (goodput, budget, allocated, mfu)

@@ -1,0 +1,231 @@
+"""Watching a run that survives an Xid 79, as its user and as on-call see it.
+
+One real run on the dev cluster (its cost is ~1 minute) serves every assertion: the live
+view on a pseudo-terminal, `run logs -f` across both attempts, /metrics scraped before and
+during the recovery, and the report of the finished run opened in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from client.api import ApiError, RunyardClient
+from tests.conftest import REPO_ROOT, wait_for
+from tests.fixtures.chromium import loaded_images, screenshot
+from tests.fixtures.terminal import Screen, Terminal
+from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
+STEP = re.compile(r"step (\d+)/300")
+RUNYARD = Path(sys.executable).parent / "runyard"  # the installed CLI, as people run it
+PHASES = ("detect", "drain", "stop", "resubmit", "start", "first_step", "total")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(service: ServiceProcess) -> Samples:
+    response = httpx.get(
+        f"{service.url}/metrics",
+        headers={"Authorization": f"Bearer {service.admin_token}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def recovery_count(samples: Samples, phase: str) -> float:
+    return samples.get(("runyard_recovery_duration_seconds_count", (("phase", phase),)), 0.0)
+
+
+def step_on(screen: Screen) -> int:
+    found = STEP.search(screen.text)
+    return int(found.group(1)) if found else -1
+
+
+def bar_filled(screen: Screen) -> int:
+    """Cells of the bar drawn in the "done" colour: rich draws the rest of the bar with
+    the same character in another colour, so only the colours tell how full it is."""
+    line = next((ln for ln in screen.text.splitlines() if STEP.search(ln)), "")
+    colours = screen.line_colours(STEP.search(line).group(0) if STEP.search(line) else "\0")
+    start = next((i for i, ch in enumerate(line) if ch in "━╸"), None)
+    if start is None:
+        return 0
+    done = colours[start]
+    filled = 0
+    while start + filled < len(line) and line[start + filled] in "━╸":
+        if colours[start + filled] != done:
+            break
+        filled += 1
+    return filled
+
+
+@dataclass
+class Observed:
+    run_id: int
+    failed_node: str
+    early: Screen  # the live view some steps into attempt 1
+    later: Screen  # ... and a few steps after that
+    failure: Screen  # the first screen that showed the Xid
+    final_screen: str
+    watch_exit: int
+    logs_exit: int
+    logs: str
+    before: Samples  # /metrics before the failure
+    during: Samples  # /metrics once the run trains again, before it ends
+    final_state: str
+
+
+@pytest.fixture(scope="module")
+def observed(
+    service: ServiceProcess, agents: Agents, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Observed]:
+    client = service.client()
+    client.set_spares(1)
+    wait_for("a spare in the pool", lambda: client.get_spares()["members"])
+    run_id = client.submit_run(tiny_spec("observed", steps=300))["id"]
+    env = {**os.environ, "RUNYARD_URL": service.url, "RUNYARD_TOKEN": service.admin_token}
+    runyard = [str(RUNYARD)]
+    watch = Terminal([*runyard, "run", "watch", str(run_id), "--interval-s", "0.5"], env)
+    logs_file = tmp_path_factory.mktemp("logs") / "follow.out"
+    with logs_file.open("wb") as out:
+        follow = subprocess.Popen(
+            [*runyard, "run", "logs", str(run_id), "-f", "--interval-s", "0.5"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+    try:
+        early = watch.wait_for("step 10 or more", lambda t: _step(t) >= 10, timeout_s=120)
+        later = watch.wait_for(
+            "the step 15 past that", lambda t: _step(t) >= _step(early.text) + 15, timeout_s=60
+        )
+        wait_for("a committed checkpoint", lambda: client.run_checkpoints(run_id))
+        before = scrape(service)
+        failed_node = client.get_run(run_id)["nodes"][1]
+        agents.append(failed_node, XID_79)
+        failure = watch.wait_for("the Xid 79", lambda t: "xid:79" in t, timeout_s=60)
+        wait_for(
+            "the recovery to finish (training again)",
+            lambda: any(
+                i["state"] == "RESOLVED" for i in client.list_incidents() if i["run_id"] == run_id
+            ),
+            timeout_s=90,
+        )
+        during = scrape(service)
+        watch_exit = watch.wait_exit(timeout_s=240)
+        logs_exit = follow.wait(timeout=60)
+        yield Observed(
+            run_id=run_id,
+            failed_node=failed_node,
+            early=early,
+            later=later,
+            failure=failure,
+            final_screen=watch.last,
+            watch_exit=watch_exit,
+            logs_exit=logs_exit,
+            logs=logs_file.read_text(),
+            before=before,
+            during=during,
+            final_state=client.get_run(run_id)["state"],
+        )
+    finally:
+        watch.close()
+        if follow.poll() is None:
+            follow.kill()
+        _return_nodes(client)
+
+
+def _step(text: str) -> int:
+    found = STEP.search(text)
+    return int(found.group(1)) if found else -1
+
+
+def _return_nodes(client: RunyardClient) -> None:
+    """Give the drained node back; the session's clean-up resumes it in Slurm if this fails
+    (another test session on the same dev cluster may have resumed it first)."""
+    client.set_spares(0)
+    for node in client.list_nodes():
+        if node["state"] in ("DRAINED", "DRAINING"):
+            try:
+                client.resume_node(node["name"])
+            except ApiError as exc:
+                print(f"could not resume {node['name']}: {exc.message}")
+
+
+def test_watch_shows_the_bar_move_and_the_failure(observed: Observed) -> None:
+    assert step_on(observed.later) > step_on(observed.early)
+    assert bar_filled(observed.later) > bar_filled(observed.early)  # the bar itself grew
+    assert "ETA" in observed.early.text and "MFU" in observed.early.text
+    assert "attempt 1 RUNNING" in observed.early.text
+    assert observed.failed_node in observed.failure.text
+    assert "step 300/300" in observed.final_screen and "SUCCEEDED" in observed.final_screen
+    assert observed.watch_exit == 0 and observed.final_state == "SUCCEEDED"
+
+
+def test_metrics_show_the_recovery_while_it_happens(observed: Observed) -> None:
+    before, during = observed.before, observed.during
+    for phase in PHASES:
+        assert recovery_count(during, phase) == recovery_count(before, phase) + 1, phase
+    xid = (
+        "runyard_node_events_total",
+        (("action", "DRAIN_AND_MOVE"), ("code", "79"), ("kind", "xid")),
+    )
+    assert during[xid] == before.get(xid, 0.0) + 1
+    assert during[("runyard_runs", (("state", "RUNNING"),))] >= 1
+    run = (("run_id", str(observed.run_id)), ("run_name", "observed"))
+    assert 0 < during[("runyard_run_goodput_ratio", run)] < 1
+    assert during[("runyard_run_mfu_ratio", run)] > 0
+    assert during[("runyard_nodes", (("state", "DRAINED"),))] >= 1
+    assert during[("runyard_database_up", ())] == 1
+
+
+def test_logs_follow_the_run_across_attempts(observed: Observed) -> None:
+    assert observed.logs_exit == 0
+    text = observed.logs
+    first = text.index(f"==> run {observed.run_id} attempt 1 rank 0 <==")
+    second = text.index(f"==> run {observed.run_id} attempt 2 rank 0 <==")
+    assert first < second
+    assert "step 1/300" in text[first:second]
+    assert "step 300/300" in text[second:]
+
+
+def test_report_of_the_recovered_run_loads_in_chromium(
+    observed: Observed, service: ServiceProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [str(RUNYARD), "run", "report", str(observed.run_id), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUNYARD_URL": service.url, "RUNYARD_TOKEN": service.admin_token},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    page = out / "report.html"
+    html = page.read_text()
+    assert "xid:79" in html and observed.failed_node in html and "SUCCEEDED" in html
+    images = loaded_images(page)
+    assert len(images) == 4
+    assert all(i.complete and i.width > 0 and i.height > 0 for i in images), images
+    shot = screenshot(page, out / "screenshot.png")
+    keep = os.environ.get("RUNYARD_TEST_ARTIFACTS")
+    if keep:  # for a person to look at: the page and what Chromium showed
+        shutil.copytree(out, Path(keep) / "report", dirs_exist_ok=True)
+    assert shot.stat().st_size > 50_000

@@ -1,0 +1,348 @@
+"""Who may call what: real tokens in the real database, the real app in-process.
+
+The role x endpoint matrix is generated from the route table: an endpoint added without a
+row in POLICY fails `test_every_route_has_a_policy`, so nobody adds one without deciding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from service.app import create_app
+from service.auth.service import create_token
+from service.models import Attempt, AttemptState, Node, NodeState, Role
+from service.models.base import utcnow
+
+PUBLIC, USERS, ADMINS, AGENTS, WORKERS = "public", "users", "admins", "agents", "workers"
+
+# Every route and who may call it. USERS means user or admin; AGENTS agent (own node) or
+# admin; WORKERS worker (own attempt) or admin.
+POLICY: dict[tuple[str, str], str] = {
+    ("GET", "/healthz"): PUBLIC,
+    ("POST", "/v1/runs"): USERS,
+    ("GET", "/v1/runs"): USERS,
+    ("GET", "/v1/runs/{run_id}"): USERS,
+    ("POST", "/v1/runs/{run_id}/cancel"): USERS,
+    ("GET", "/v1/runs/{run_id}/checkpoints"): USERS,
+    ("GET", "/v1/runs/{run_id}/events"): USERS,
+    ("GET", "/v1/runs/{run_id}/metrics"): USERS,
+    ("GET", "/v1/runs/{run_id}/logs"): USERS,
+    ("POST", "/v1/plans"): USERS,
+    ("GET", "/v1/nodes"): USERS,
+    ("GET", "/v1/nodes/{name}"): USERS,
+    ("POST", "/v1/nodes/{name}/heartbeat"): AGENTS,
+    ("POST", "/v1/nodes/{name}/events"): AGENTS,
+    ("GET", "/v1/worker/attempts/{attempt_id}/config"): WORKERS,
+    ("POST", "/v1/worker/attempts/{attempt_id}/progress"): WORKERS,
+    ("POST", "/v1/worker/attempts/{attempt_id}/checkpoints"): WORKERS,
+    ("POST", "/v1/worker/attempts/{attempt_id}/finish"): WORKERS,
+    ("POST", "/v1/worker/attempts/{attempt_id}/errors"): WORKERS,
+    ("POST", "/v1/admin/nodes/{name}/drain"): ADMINS,
+    ("POST", "/v1/admin/nodes/{name}/resume"): ADMINS,
+    ("GET", "/v1/admin/spares"): ADMINS,
+    ("PUT", "/v1/admin/spares"): ADMINS,
+    ("GET", "/v1/admin/incidents"): ADMINS,
+    ("POST", "/v1/admin/tokens"): ADMINS,
+    ("GET", "/v1/admin/tokens"): ADMINS,
+    ("DELETE", "/v1/admin/tokens/{token_id}"): ADMINS,
+    ("PUT", "/v1/admin/teams/{team}"): ADMINS,
+    ("GET", "/v1/admin/audit"): ADMINS,
+    ("GET", "/metrics"): PUBLIC,
+}
+ALLOWED = {
+    PUBLIC: {"none", "user", "admin", "agent", "worker"},
+    USERS: {"user", "admin"},
+    ADMINS: {"admin"},
+    AGENTS: {"agent", "admin"},
+    WORKERS: {"worker", "admin"},
+}
+
+
+@dataclass
+class World:
+    """Committed rows the tests act on: two teams, one run with an attempt, a node."""
+
+    tokens: dict[str, str]
+    run_id: int
+    attempt_id: int
+    node: str
+    other_attempt_id: int
+
+
+SPEC = {
+    "name": "r",
+    "model": "tiny",
+    "nodes": 1,
+    "gpus_per_node": 1,
+    "seq_len": 64,
+    "global_batch": 4,
+    "steps": 10,
+    "checkpoint_every": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def world(database_url: str, app: Any) -> Iterator[World]:
+    """Runs made through the real API by each team; attempts as the reconciler records them."""
+    engine = create_engine(database_url)
+    tokens: dict[str, str] = {}
+    with Session(engine) as s, s.begin():
+        if s.get(Node, "gpu001") is None:
+            s.add(
+                Node(name="gpu001", state=NodeState.HEALTHY, state_reason="test", num_app_errors=0)
+            )
+        for label, role, team, extra in [
+            ("user", Role.USER, "alpha", {}),
+            ("beta", Role.USER, "beta", {}),
+            ("admin", Role.ADMIN, "ops", {}),
+            ("agent", Role.AGENT, "ops", {"node_name": "gpu001"}),
+        ]:
+            _, tokens[label] = create_token(s, user=f"{label}-1", team=team, role=role, **extra)
+        _, tokens["expired"] = create_token(
+            s, user="old", team="alpha", role=Role.USER, expires_at=utcnow() - timedelta(days=1)
+        )
+        revoked, tokens["revoked"] = create_token(s, user="gone", team="alpha", role=Role.USER)
+        revoked.revoked_at = utcnow()
+    run_ids = [
+        call(app, tokens[who], "POST", "/v1/runs", json=SPEC).json()["id"]
+        for who in ("user", "beta")
+    ]
+    with Session(engine) as s, s.begin():
+        attempts = []
+        for run_id in run_ids:
+            attempt = Attempt(
+                run_id=run_id,
+                number=1,
+                state=AttemptState.RUNNING,
+                job_name="x",
+                job_folder="/tmp",
+                nodes=["gpu001"],
+            )
+            s.add(attempt)
+            s.flush()
+            attempts.append(attempt.id)
+        _, tokens["worker"] = create_token(
+            s,
+            user="user-1",
+            team="alpha",
+            role=Role.WORKER,
+            run_id=run_ids[0],
+            attempt_id=attempts[0],
+        )
+    yield World(tokens, run_ids[0], attempts[0], "gpu001", attempts[1])
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def app() -> Any:
+    return create_app()
+
+
+def call(app: Any, token: str | None, method: str, path: str, json: Any = None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return TestClient(app).request(method, path, headers=headers, json=json)
+
+
+def api_routes(app: Any) -> set[tuple[str, str]]:
+    """Every (method, path) the app serves, read from its OpenAPI document."""
+    return {(m.upper(), path) for path, ops in app.openapi()["paths"].items() for m in ops}
+
+
+def test_every_route_has_a_policy(app: Any) -> None:
+    routes = api_routes(app)
+    assert ("POST", "/v1/runs") in routes and len(routes) > 20
+    missing = sorted(routes - set(POLICY))
+    assert not missing, f"decide who may call these, in POLICY: {missing}"
+
+
+def concrete(path: str, world: World) -> str:
+    values = {
+        "run_id": world.run_id,
+        "attempt_id": world.attempt_id,
+        "name": world.node,
+        "token_id": 999999,
+        "team": "alpha",
+    }
+    return re.sub(r"\{(\w+)\}", lambda m: str(values[m.group(1)]), path)
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(POLICY))
+@pytest.mark.parametrize("who", ["none", "user", "admin", "agent", "worker"])
+def test_role_matrix(app: Any, world: World, method: str, path: str, who: str) -> None:
+    if (method, path) not in api_routes(app):
+        pytest.skip("route not in this build's OpenAPI document")
+    token = None if who == "none" else world.tokens[who]
+    # Bodies that fail validation after authorization: auth must answer first.
+    response = call(
+        app, token, method, concrete(path, world), json={} if method in ("POST", "PUT") else None
+    )
+    allowed = who in ALLOWED[POLICY[(method, path)]]
+    if allowed:
+        assert response.status_code not in (401, 403), (who, method, path, response.text)
+    else:
+        assert response.status_code == (401 if who == "none" else 403), (
+            who,
+            method,
+            path,
+            response.status_code,
+            response.text,
+        )
+        assert response.json()["error"] in ("unauthenticated", "forbidden")
+
+
+def test_other_teams_runs_do_not_exist(app: Any, world: World) -> None:
+    beta = world.tokens["beta"]
+    for method, suffix in [
+        ("GET", ""),
+        ("POST", "/cancel"),
+        ("GET", "/checkpoints"),
+        ("GET", "/events"),
+        ("GET", "/metrics"),
+    ]:
+        response = call(app, beta, method, f"/v1/runs/{world.run_id}{suffix}")
+        assert response.status_code == 404, (suffix, response.text)
+        assert "no run with id" in response.json()["detail"]
+    listed = call(app, beta, "GET", "/v1/runs").json()["items"]
+    assert world.run_id not in [r["id"] for r in listed]
+    assert all(r["team"] == "beta" for r in listed)
+    mine = call(app, world.tokens["user"], "GET", f"/v1/runs/{world.run_id}")
+    assert mine.status_code == 200 and mine.json()["team"] == "alpha"
+
+
+def test_expired_and_revoked_tokens_are_refused(app: Any, world: World) -> None:
+    for label, words in (("expired", "expired"), ("revoked", "revoked")):
+        response = call(app, world.tokens[label], "GET", "/v1/runs")
+        assert response.status_code == 401 and words in response.json()["detail"]
+    assert call(app, "ry_not-a-token", "GET", "/v1/runs").status_code == 401
+    assert call(app, None, "GET", "/v1/runs").json()["error"] == "unauthenticated"
+
+
+def test_agent_speaks_only_for_its_node(app: Any, world: World) -> None:
+    other = call(app, world.tokens["agent"], "POST", "/v1/nodes/gpu002/heartbeat", json={})
+    assert other.status_code == 403 and "gpu001" in other.json()["detail"]
+    own = call(app, world.tokens["agent"], "POST", "/v1/nodes/gpu001/heartbeat", json={})
+    assert own.status_code == 204
+
+
+def test_worker_token_is_scoped_to_its_attempt(app: Any, world: World) -> None:
+    other = call(
+        app, world.tokens["worker"], "GET", f"/v1/worker/attempts/{world.other_attempt_id}/config"
+    )
+    assert other.status_code == 403
+    assert call(app, world.tokens["worker"], "GET", "/v1/runs").status_code == 403
+
+
+def test_admin_actions_are_audited(app: Any, world: World) -> None:
+    admin = world.tokens["admin"]
+    before = call(app, admin, "GET", "/v1/admin/audit").json()
+    assert (
+        call(app, admin, "PUT", "/v1/admin/teams/alpha", json={"gpu_quota": 64}).status_code == 200
+    )
+    created = call(
+        app,
+        admin,
+        "POST",
+        "/v1/admin/tokens",
+        json={"user": "carol", "team": "alpha", "role": "user"},
+    ).json()
+    assert created["token"].startswith("ry_")
+    assert call(app, created["token"], "GET", "/v1/runs").status_code == 200
+    assert call(app, admin, "DELETE", f"/v1/admin/tokens/{created['id']}").status_code == 200
+    assert call(app, created["token"], "GET", "/v1/runs").status_code == 401
+    after = call(app, admin, "GET", "/v1/admin/audit").json()
+    actions = [e["action"] for e in after[len(before) :]]
+    assert actions == ["team.quota", "token.create", "token.revoke"]
+    assert all(e["actor"] == "admin-1" for e in after[len(before) :])
+    listed = call(app, admin, "GET", "/v1/admin/tokens").json()
+    assert all("token" not in t for t in listed)
+    # Users do not read the audit log.
+    assert call(app, world.tokens["user"], "GET", "/v1/admin/audit").status_code == 403
+
+
+def test_quota_refuses_a_run_that_would_exceed_it(app: Any, world: World) -> None:
+    admin = world.tokens["admin"]
+    call(app, admin, "PUT", "/v1/admin/teams/gamma", json={"gpu_quota": 3})
+    gamma = call(
+        app,
+        admin,
+        "POST",
+        "/v1/admin/tokens",
+        json={"user": "gus", "team": "gamma", "role": "user"},
+    ).json()["token"]
+    spec = {
+        "name": "q",
+        "model": "tiny",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "seq_len": 64,
+        "global_batch": 4,
+        "steps": 10,
+        "checkpoint_every": 5,
+    }
+    first = call(app, gamma, "POST", "/v1/runs", json=spec)
+    assert first.status_code == 201 and first.json()["team"] == "gamma"
+    second = call(app, gamma, "POST", "/v1/runs", json=spec)
+    assert second.status_code == 403 and second.json()["error"] == "quota_exceeded"
+    assert "quota of 3 GPUs, 2 in use" in second.json()["detail"]
+    call(app, gamma, "POST", f"/v1/runs/{first.json()['id']}/cancel")
+    assert call(app, gamma, "POST", "/v1/runs", json=spec).status_code == 201
+
+
+def test_oversized_bodies_are_refused_before_they_are_read(app: Any, world: World) -> None:
+    big = b'{"name": "' + b"x" * (2 << 20) + b'"}'
+    response = TestClient(app).post(
+        "/v1/runs",
+        content=big,
+        headers={
+            "Authorization": f"Bearer {world.tokens['user']}",
+            "content-type": "application/json",
+        },
+    )
+    assert response.status_code == 413 and response.json()["error"] == "body_too_large"
+
+
+def test_a_flooding_agent_is_rate_limited(
+    app: Any, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.auth.deps import agent_limiter
+    from service.config import get_settings
+
+    monkeypatch.setenv("RUNYARD_AGENT_REQUESTS_PER_S", "1")
+    monkeypatch.setenv("RUNYARD_AGENT_BURST", "5")
+    get_settings.cache_clear()
+    agent_limiter.cache_clear()
+    try:
+        client = TestClient(app)
+        headers = {"Authorization": f"Bearer {world.tokens['agent']}"}
+        codes = [
+            client.post("/v1/nodes/gpu001/heartbeat", json={}, headers=headers).status_code
+            for _ in range(10)
+        ]
+        assert codes[:5] == [204] * 5 and 429 in codes[5:]
+        limited = client.post("/v1/nodes/gpu001/heartbeat", json={}, headers=headers)
+        assert limited.status_code == 429 and "requests/s" in limited.json()["detail"]
+        # Admins are not rate-limited: on-call must always get through.
+        admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+        ok = client.post("/v1/nodes/gpu001/heartbeat", json={}, headers=admin)
+        assert ok.status_code == 204
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        agent_limiter.cache_clear()
+
+
+def test_event_batches_are_bounded(app: Any, world: World) -> None:
+    events = [{"idempotency_key": f"k-{i:08d}", "kind": "xid", "code": 92} for i in range(1001)]
+    response = call(
+        app, world.tokens["admin"], "POST", "/v1/nodes/gpu001/events", json={"events": events}
+    )
+    assert response.status_code == 422 and "events" in response.json()["detail"]

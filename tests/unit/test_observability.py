@@ -1,0 +1,195 @@
+"""/metrics and the JSON logs: names by Prometheus' conventions, values from real Postgres
+rows, recovery phases from incident stamps, ids on every log line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
+
+from service.models import AttemptState, Incident, Metric, Node, NodeState, RunState
+from service.models.base import utcnow
+from service.observability.logging import JsonFormatter, log_context
+from service.observability.metrics import REGISTRY, observe_incident
+from service.observability.state import StateCollector
+from tests.fixtures.rows import add_attempt, add_run
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by (name, sorted labels)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape_state(session: Session) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    @contextmanager
+    def factory() -> Iterator[Session]:
+        yield session
+
+    registry = CollectorRegistry()
+    registry.register(StateCollector(factory))
+    return samples(generate_latest(registry).decode())
+
+
+def test_state_gauges_follow_the_database(db_session: Session) -> None:
+    before = scrape_state(db_session)
+    now = utcnow()
+    db_session.add_all(
+        [
+            Node(
+                name="obs001", state=NodeState.SPARE, last_heartbeat_at=now - timedelta(seconds=7)
+            ),
+            Node(name="obs002", state=NodeState.DRAINED, num_app_errors=0),
+        ]
+    )
+    run = add_run(db_session, RunState.RUNNING, name="watched", tokens_per_s=10000.0)
+    attempt = add_attempt(
+        db_session, run, 1, AttemptState.RUNNING, started_at=now - timedelta(seconds=100)
+    )
+    attempt.first_step_at = now - timedelta(seconds=90)
+    db_session.add(Metric(run_id=run.id, attempt_id=attempt.id, step=1, loss=5.0))
+    db_session.flush()
+
+    after = scrape_state(db_session)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert after[("runyard_database_up", ())] == 1
+    assert delta("runyard_runs", state="RUNNING") == 1
+    assert (
+        delta("runyard_nodes", state="SPARE") == 1 and delta("runyard_nodes", state="DRAINED") == 1
+    )
+    assert delta("runyard_spare_pool_nodes") == 1
+    assert 6 < after[("runyard_node_heartbeat_lag_seconds", (("node", "obs001"),))] < 60
+    key = (("run_id", str(run.id)), ("run_name", "watched"))
+    # Half the plan's 20,000 tokens/s at 40 % MFU -> 20 %.
+    assert abs(after[("runyard_run_mfu_ratio", key)] - 0.2) < 1e-9
+    assert after[("runyard_run_goodput_budget_ratio", key)] == 0.97
+    assert 0 < after[("runyard_run_goodput_ratio", key)] < 1  # 10 s of start-up were lost
+    assert after[("runyard_run_allocated_seconds", key)] >= 100
+
+
+def test_database_down_is_a_metric_not_an_error() -> None:
+    @contextmanager
+    def broken() -> Iterator[Session]:
+        raise OSError("connection refused")
+        yield  # pragma: no cover
+
+    registry = CollectorRegistry()
+    registry.register(StateCollector(broken))
+    assert samples(generate_latest(registry).decode()) == {("runyard_database_up", ()): 0.0}
+
+
+def test_recovery_phases_come_from_the_incident_stamps() -> None:
+    def count(phase: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "runyard_recovery_duration_seconds_count", {"phase": phase}
+        )
+        return value or 0.0
+
+    t0 = utcnow()
+    incident = Incident(
+        signal_at=t0,
+        detected_at=t0 + timedelta(seconds=1),
+        drained_at=t0 + timedelta(seconds=2),
+        attempt_ended_at=t0 + timedelta(seconds=3),
+        submitted_at=t0 + timedelta(seconds=13),
+        running_at=t0 + timedelta(seconds=14),
+        first_step_at=t0 + timedelta(seconds=20),
+    )
+    before = {p: count(p) for p in ("drain", "resubmit", "total")}
+    total_sum = REGISTRY.get_sample_value(
+        "runyard_recovery_duration_seconds_sum", {"phase": "total"}
+    )
+    observe_incident(incident, "drain", "resubmit", "total")
+    assert {p: count(p) - before[p] for p in before} == {"drain": 1, "resubmit": 1, "total": 1}
+    new_sum = REGISTRY.get_sample_value("runyard_recovery_duration_seconds_sum", {"phase": "total"})
+    assert abs(new_sum - (total_sum or 0.0) - 20.0) < 1e-6
+
+
+def test_metrics_endpoint_follows_prometheus_conventions(api: Any) -> None:
+    assert api.get("/v1/runs").status_code == 200
+    response = api.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    families = list(text_string_to_metric_families(response.text))
+    ours = [f for f in families if f.name.startswith("runyard_")]
+    assert {f.name for f in ours} >= {
+        "runyard_runs",
+        "runyard_nodes",
+        "runyard_spare_pool_nodes",
+        "runyard_spare_pool_target_nodes",
+        "runyard_node_events",
+        "runyard_recovery_duration_seconds",
+        "runyard_http_request_duration_seconds",
+        "runyard_run_goodput_ratio",
+        "runyard_run_mfu_ratio",
+        "runyard_database_up",
+    }
+    for family in ours:
+        assert family.documentation, family.name
+        if family.type == "counter":  # the parser strips _total; the samples carry it
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
+        if family.type == "histogram":
+            assert family.name.endswith("_seconds"), family.name
+    latency = samples(response.text)
+    key = (
+        "runyard_http_request_duration_seconds_count",
+        (("method", "GET"), ("route", "/v1/runs"), ("status_code", "200")),
+    )
+    assert latency[key] >= 1
+
+
+@contextmanager
+def json_lines(logger: str) -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    target = logging.getLogger(logger)
+    target.addHandler(handler)
+    old_level, target.level = target.level, logging.DEBUG
+    try:
+        yield stream
+    finally:
+        target.removeHandler(handler)
+        target.level = old_level
+
+
+def test_json_lines_carry_the_ids_of_their_context() -> None:
+    with json_lines("runyard.test") as stream:
+        with log_context(run_id=7, node="gpu002"), log_context(incident_id=3):
+            logging.getLogger("runyard.test").warning("draining %s", "gpu002")
+        logging.getLogger("runyard.test").info("outside")
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert inside["message"] == "draining gpu002" and inside["level"] == "warning"
+    assert (inside["run_id"], inside["node"], inside["incident_id"]) == (7, "gpu002", 3)
+    assert inside["attempt_id"] is None  # every field on every line, null when unknown
+    assert (outside["run_id"], outside["node"]) == (None, None)
+
+
+def test_an_endpoint_logs_with_the_ids_of_its_path(api: Any) -> None:
+    @api.app.get("/v1/runs/{run_id}/probe-log")
+    def probe(run_id: int) -> dict[str, int]:  # a sync endpoint, run in the thread pool
+        logging.getLogger("runyard.test").info("inside the endpoint")
+        return {"run_id": run_id}
+
+    with json_lines("runyard.test") as mine, json_lines("runyard.access") as access:
+        assert api.get("/v1/runs/42/probe-log").status_code == 200
+    line = json.loads(mine.getvalue().splitlines()[-1])
+    assert line["run_id"] == 42
+    request = json.loads(access.getvalue().splitlines()[-1])
+    assert request["run_id"] == 42 and request["route"] == "/v1/runs/{run_id}/probe-log"
+    assert request["status_code"] == 200 and request["duration_ms"] > 0
