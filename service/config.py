@@ -60,6 +60,12 @@ class Settings(BaseSettings):
         default=20.0, gt=0, description="Sustained requests/s allowed per agent token."
     )
     agent_burst: float = Field(default=100.0, ge=1, description="Requests an agent may burst.")
+    segment_stop_margin_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="Stop a time-limited segment this long before its Slurm limit, so it "
+        "checkpoints and exits cleanly.",
+    )
     hardware: str = Field(
         default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
     )

@@ -239,10 +239,13 @@ class HttpReporter(Reporter):
 
     def _read_run_state(self, response: httpx.Response) -> None:
         try:
-            run_state = response.json().get("run_state")
+            body = response.json()
+            run_state = body.get("run_state")
         except (ValueError, AttributeError):
             return
-        self.cancel_requested = run_state == "CANCELLING"
+        # Cancelled, preempted or at the end of a time-limited segment: in every case the
+        # ranks finish the step, checkpoint and exit 0 (the service knows which it was).
+        self.cancel_requested = run_state == "CANCELLING" or bool(body.get("stop_requested"))
 
     def _post_with_retry(
         self, path: str, body: dict[str, Any], stop_after_s: float = CHECKPOINT_RETRY_S

@@ -43,10 +43,13 @@ class AttemptState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # Stopped on purpose at a committed checkpoint: preempted, or its segment's time limit.
+    STOPPED = "STOPPED"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
+        return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED,
+                        AttemptState.STOPPED)
 
 
 class CheckpointState(StrEnum):
@@ -117,6 +120,10 @@ class Attempt(Timestamped, Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     first_step: Mapped[int | None] = mapped_column(Integer)  # first step this attempt trained
+    # Set before the service signals the attempt to stop (e.g. "preempted by run 7"), so the
+    # clean exit that follows is read as a yield, not a failure.
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise")

@@ -30,6 +30,7 @@ from service.models import (
     RunState,
 )
 from service.models.base import utcnow
+from service.reconcile.preemption import attempt_stopped
 from service.recovery import timeline
 from service.recovery.restart import end_attempt_and_restart
 from service.runs import repository
@@ -44,6 +45,8 @@ from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
 
 log = logging.getLogger(__name__)
+# Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.
+NICE_BY_PRIORITY = {"prod": 0, "research": 100, "scavenger": 1000}
 
 
 def _request(run: Run, attempt: Attempt) -> AttemptRequest:
@@ -58,6 +61,7 @@ def _request(run: Run, attempt: Attempt) -> AttemptRequest:
         time_limit_min=spec.time_limit_min,
         nodelist=",".join(run.nodes),
         reservation=run.reservation,
+        nice=NICE_BY_PRIORITY.get(run.priority, 0),
     )
 
 
@@ -69,6 +73,8 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             for r in repository.runs_in_states(session, [RunState.PENDING])
             if repository.live_attempt(r) is None and len(r.nodes) < r.num_nodes
         ]
+        # Higher priority first; within a class, first come first served.
+        runs.sort(key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
         if not runs:
             return
         nodes = {n.name: n for n in session.query(Node).all()}
@@ -344,6 +350,10 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     """The job left Slurm: succeed only if the worker said it finished; else maybe restart."""
     slurm_state = status.state if status else "UNKNOWN (slurmctld forgot the job)"
     exit_code = status.exit_code if status else None
+    if attempt.stop_reason and exit_code == 0 and run.final_step != run.total_steps:
+        # We asked it to stop and it left cleanly after its checkpoint: a yield, not a failure.
+        attempt_stopped(session, run, attempt, f"Slurm job {slurm_state}")
+        return
     final = repository.get_checkpoint(session, run.id, run.total_steps)
     finished = (
         run.final_step == run.total_steps

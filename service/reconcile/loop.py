@@ -20,7 +20,7 @@ from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
-from service.reconcile import attempts
+from service.reconcile import attempts, preemption
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -59,6 +59,10 @@ class Reconciler:
             ("hangs", lambda: check_hangs(self.settings, self.started_at)),
             ("spares", lambda: maintain_spares(self.settings, snapshot)),
             ("placement", lambda: attempts.place_pending(self.settings, snapshot)),
+            ("preemption", lambda: preemption.preempt_for_waiting_runs(snapshot)),
+            ("segments", lambda: preemption.stop_segments_at_time_limit(self.settings)),
+            ("stop deadlines", preemption.enforce_stop_deadlines),
+            ("run reservations", lambda: preemption.sync_run_reservations(snapshot)),
             ("submission", lambda: attempts.submit_pending(self.settings, snapshot)),
             ("cancellation", attempts.stop_cancelling),
             ("job states", attempts.poll_attempts),

@@ -25,6 +25,12 @@ class LostTime(BaseModel):
     )
     detection_s: float = Field(description="From the failed attempt's last step to its end.")
     drain_and_resubmit_s: float = Field(description="From an attempt's end to the next start.")
+    preempted_s: float = Field(
+        default=0.0, description="From yielding to a higher-priority run to starting again."
+    )
+    segment_boundaries_s: float = Field(
+        default=0.0, description="Between time-limited segments: stop, requeue, start."
+    )
     startup_and_load_s: float = Field(
         description="From an attempt's start to its first step "
         "(process start, rendezvous, checkpoint load)."
@@ -77,7 +83,7 @@ def compute_goodput(
     for m in metrics:
         by_attempt.setdefault(m.attempt_id, []).append(m)
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
-    recomputed = detection = resubmit = startup = 0.0
+    recomputed = detection = resubmit = startup = preempted = segments = 0.0
     for i, attempt in enumerate(started):
         mine = by_attempt.get(attempt.id, [])
         startup += _s(
@@ -85,7 +91,15 @@ def compute_goodput(
         )
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
-            resubmit += _s(attempt.ended_at, following.started_at)
+            gap = _s(attempt.ended_at, following.started_at)
+            if attempt.state == AttemptState.STOPPED and (attempt.stop_reason or "").startswith(
+                "preempted"
+            ):
+                preempted += gap
+            elif attempt.state == AttemptState.STOPPED:
+                segments += gap
+            else:
+                resubmit += gap
         if attempt.state == AttemptState.FAILED and attempt.ended_at is not None:
             # Work after the checkpoint the next attempt resumed from is lost: from that
             # commit to the last step seen it was recomputed; from there to the attempt's
@@ -106,10 +120,13 @@ def compute_goodput(
         recomputed_steps_s=recomputed,
         detection_s=detection,
         drain_and_resubmit_s=resubmit,
+        preempted_s=preempted,
+        segment_boundaries_s=segments,
         startup_and_load_s=startup,
         checkpoint_stalls_s=stalls,
     )
-    productive = max(allocated - recomputed - detection - resubmit - startup - stalls, 0.0)
+    lost_s = recomputed + detection + resubmit + startup + stalls + preempted + segments
+    productive = max(allocated - lost_s, 0.0)
     return Goodput(
         allocated_s=allocated,
         allocated_gpu_hours=allocated * gpus / 3600,

@@ -32,10 +32,13 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, set[AttemptState]] = {
         AttemptState.FAILED,
         AttemptState.CANCELLED,
     },
-    AttemptState.RUNNING: {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED},
+    AttemptState.RUNNING: {
+        AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.STOPPED
+    },
     AttemptState.SUCCEEDED: set(),
     AttemptState.FAILED: set(),
     AttemptState.CANCELLED: set(),
+    AttemptState.STOPPED: set(),
 }
 
 

@@ -42,6 +42,9 @@ def list_runs(
     return session.scalars(stmt.limit(limit).offset(offset)).all(), session.scalar(count) or 0
 
 
+PRIORITY_RANK = {"prod": 3, "research": 2, "scavenger": 1}
+
+
 def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run]:
     stmt = (
         select(Run)

@@ -29,6 +29,7 @@ class AttemptRequest:
     time_limit_min: int
     nodelist: str = ""
     reservation: str | None = None
+    nice: int = 0  # Slurm's own ordering of pending jobs follows runyard's priority classes
 
     @property
     def token_file(self) -> Path:
@@ -54,14 +55,18 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
         "exclusive": True,
         "time": req.time_limit_min,
         "stderr_to_stdout": True,
-        # Ahead of the time limit Slurm sends USR2 so the worker can checkpoint and exit.
-        "signal_delay_s": 120,
+        # A last resort only: the service stops segments well before their limit itself
+        # (reconcile/preemption.py), since submitit handles USR2 by requeueing the job.
+        "signal_delay_s": 15,
     }
     if req.nodelist:
         params["nodelist"] = req.nodelist
+    extra: dict[str, Any] = {"nice": req.nice} if req.nice else {}
     if req.reservation:
         # The run's own reservation keeps its nodes between attempts (see reservations.py).
-        params["additional_parameters"] = {"reservation": req.reservation}
+        extra["reservation"] = req.reservation
+    if extra:
+        params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
     params["setup"] = [f'export RUNYARD_TOKEN="$(cat {shlex.quote(str(req.token_file))})"']
     return params

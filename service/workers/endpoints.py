@@ -36,7 +36,12 @@ def get_config(attempt_id: DbId, session: SessionDep) -> WorkerRunConfig:
 def report_progress(attempt_id: DbId, report: ProgressReport, session: SessionDep) -> ProgressAck:
     """Heartbeat plus the losses of the steps since the last report."""
     run, attempt = service.record_progress(session, attempt_id, report)
-    return ProgressAck(run_state=run.state, attempt_state=attempt.state)
+    return ProgressAck(
+        run_state=run.state,
+        attempt_state=attempt.state,
+        stop_requested=attempt.stop_reason is not None,
+        stop_reason=attempt.stop_reason,
+    )
 
 
 @router.post("/checkpoints")

@@ -29,6 +29,12 @@ class ProgressReport(_In):
 class ProgressAck(BaseModel):
     run_state: RunState
     attempt_state: AttemptState
+    stop_requested: bool = Field(
+        default=False,
+        description="Finish this step, checkpoint and exit 0: preempted, or the end of a "
+        "time-limited segment.",
+    )
+    stop_reason: str | None = None
 
 
 class CheckpointReport(_In):

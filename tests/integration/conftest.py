@@ -139,7 +139,7 @@ def service(
         # Fast failure detection, so the recovery tests finish in seconds.
         "RUNYARD_HEARTBEAT_SUSPECT_S": "4",
         "RUNYARD_HEARTBEAT_DEAD_S": "8",
-        "RUNYARD_HANG_MIN_S": "8",
+        "RUNYARD_HANG_MIN_S": "15",
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
     }
     svc = ServiceProcess(env, state_dir / "service.log", admin_token)

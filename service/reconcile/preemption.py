@@ -1,0 +1,151 @@
+"""Stopping attempts on purpose: preemption by a higher-priority run, and time-limited
+segments. Both ask the ranks to stop through their progress replies (finish the step,
+checkpoint, exit 0), never through a Slurm signal: submitit's own handler for USR2 would
+requeue or fail the job under us."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.db import session_scope
+from service.models import Attempt, AttemptState, Run, RunState
+from service.models.base import utcnow
+from service.runs import repository
+from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.schemas import RunSpec
+from service.slurm import commands
+from service.slurm.snapshot import ClusterSnapshot
+
+STOP_GRACE_S = 180.0  # after this long a stop request becomes a scancel
+
+
+def _rank(run: Run) -> int:
+    return repository.PRIORITY_RANK.get(run.priority, 0)
+
+
+def request_stop(session: Session, run: Run, attempt: Attempt, reason: str) -> None:
+    attempt.stop_reason, attempt.stop_requested_at = reason, utcnow()
+    record_event(
+        session,
+        run,
+        "attempt.stop_requested",
+        f"attempt {attempt.number}: {reason}",
+        attempt,
+        {"reason": reason},
+    )
+
+
+def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
+    """A waiting run may take nodes from running runs of lower priority, lowest first."""
+    with session_scope() as session:
+        waiting = [
+            r
+            for r in repository.runs_in_states(session, [RunState.PENDING])
+            if repository.live_attempt(r) is None and len(r.nodes) < r.num_nodes
+        ]
+        running = [r for r in repository.runs_in_states(session, [RunState.RUNNING])]
+        stopping = {
+            a.stop_reason
+            for r in running
+            for a in r.attempts
+            if a.stop_reason and not a.state.is_terminal
+        }
+        free = sum(1 for n in snapshot.nodes if snapshot.is_free(n))
+        for run in sorted(waiting, key=lambda r: (-_rank(r), r.id)):
+            need = run.num_nodes - len(run.nodes) - free
+            tag = f"preempted by run {run.id}"
+            if need <= 0 or any(s and s.startswith(tag) for s in stopping):
+                continue
+            victims, freed = [], 0
+            for other in sorted(running, key=lambda r: (_rank(r), -r.id)):
+                attempt = repository.live_attempt(other)
+                if (
+                    _rank(other) >= _rank(run)
+                    or attempt is None
+                    or attempt.stop_reason
+                    or attempt.state != AttemptState.RUNNING
+                ):
+                    continue
+                victims.append((other, attempt))
+                freed += len(other.nodes)
+                if freed >= need:
+                    break
+            if freed < need:
+                continue
+            for other, attempt in victims:
+                request_stop(session, other, attempt, f"{tag} ({run.priority})")
+            record_event(
+                session,
+                run,
+                "run.preempting",
+                f"preempting run(s) {', '.join(str(o.id) for o, _ in victims)} "
+                f"({victims[0][0].priority}) for {need} node(s)",
+            )
+
+
+def stop_segments_at_time_limit(settings: Settings) -> None:
+    """A run longer than its Slurm time limit runs as segments: stop each one in time to
+    checkpoint, and the next resumes from it."""
+    now = utcnow()
+    with session_scope() as session:
+        for run in repository.runs_in_states(session, [RunState.RUNNING]):
+            attempt = repository.live_attempt(run)
+            if attempt is None or attempt.started_at is None or attempt.stop_reason:
+                continue
+            limit = timedelta(minutes=RunSpec.model_validate(run.spec).time_limit_min)
+            margin = timedelta(seconds=settings.segment_stop_margin_s)
+            if attempt.started_at + limit - margin <= now:
+                request_stop(session, run, attempt, "segment time limit")
+
+
+def enforce_stop_deadlines() -> None:
+    """Ranks that ignore a stop request for STOP_GRACE_S are cancelled outright."""
+    deadline = utcnow() - timedelta(seconds=STOP_GRACE_S)
+    with session_scope() as session:
+        jobs = [
+            a.slurm_job_id
+            for r in repository.runs_in_states(session, [RunState.RUNNING])
+            for a in r.attempts
+            if a.stop_requested_at
+            and a.stop_requested_at < deadline
+            and not a.state.is_terminal
+            and a.slurm_job_id
+        ]
+    for job in jobs:
+        commands.scancel(job)
+
+
+def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> None:
+    """The attempt yielded at a checkpoint: not a failure, nothing counted against restarts."""
+    reason = attempt.stop_reason or "stopped"
+    newest = repository.newest_committed_checkpoint(session, run.id)
+    at = f"; resumes from step {newest.step}" if newest else ""
+    set_attempt_state(session, run, attempt, AttemptState.STOPPED, f"{reason} ({how})")
+    if reason.startswith("preempted"):
+        run.nodes = []  # hand the nodes over; it is placed again when nodes are free
+        set_run_state(session, run, RunState.PENDING, f"{reason}{at}", attempt)
+    else:
+        set_run_state(
+            session, run, RunState.PENDING, f"segment ended at its time limit{at}", attempt
+        )
+
+
+def sync_run_reservations(snapshot: ClusterSnapshot) -> None:
+    """A run's reservation holds exactly its nodes (a preempted run's shrinks to none)."""
+    from service.slurm.reservations import ensure_reservation
+
+    with session_scope() as session:
+        want = {
+            r.reservation: list(r.nodes)
+            for r in repository.runs_in_states(session, [RunState.PENDING])
+            if r.reservation and repository.live_attempt(r) is None
+        }
+    for name, nodes in want.items():
+        assert name is not None
+        if sorted(snapshot.reservations.get(name, [])) != sorted(nodes) and (
+            nodes or name in snapshot.reservations
+        ):
+            ensure_reservation(name, nodes, snapshot.reservations)

@@ -1,0 +1,114 @@
+"""A prod run takes the nodes of a scavenger run, which checkpoints, yields, and later
+resumes from that checkpoint on the same loss curve as an uninterrupted twin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import datetime
+
+import pytest
+
+from client.api import RunyardClient
+from tests.conftest import TEST_DATABASE, wait_for
+from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+
+def slurm(*args: str, conf: str) -> str:
+    return subprocess.run(
+        list(args), capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
+    ).stdout
+
+
+def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) -> dict[int, float]:
+    return {
+        m["step"]: m["loss"]
+        for m in client.run_metrics(run_id)
+        if attempt_id is None or m["attempt_id"] == attempt_id
+    }
+
+
+def succeeded(client: RunyardClient, run_id: int) -> bool:
+    state = client.get_run(run_id)["state"]
+    assert state not in ("FAILED", "CANCELLED"), client.get_run(run_id)["state_reason"]
+    return state == "SUCCEEDED"
+
+
+def test_prod_run_preempts_a_scavenger_run(
+    service: ServiceProcess, agents: Agents, slurm_cluster
+) -> None:
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    client.set_spares(0)
+    spec = tiny_spec("scavenger", steps=240, priority="scavenger")
+    reference = client.submit_run({**spec, "name": "scavenger-twin"})["id"]
+    wait_for("the uninterrupted twin", lambda: succeeded(client, reference), timeout_s=180)
+    twin = losses(client, reference)
+
+    # Other work holds every node but two: the scavenger run takes all the free ones.
+    idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
+    blocker = slurm(
+        "sbatch",
+        "--parsable",
+        "--exclusive",
+        f"-N{idle - 2}",
+        f"--job-name=runyard-{TEST_DATABASE}-blocker",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 900",
+        conf=conf,
+    ).strip()
+    try:
+        scavenger = client.submit_run(spec)["id"]
+        first = wait_for(
+            "the scavenger training past a commit",
+            lambda: (
+                (client.get_run(scavenger)["last_step"] or 0) >= 45
+                and [c for c in client.run_checkpoints(scavenger) if c["state"] == "COMMITTED"]
+            ),
+        )
+        assert first
+        prod = client.submit_run(tiny_spec("prod", steps=60, priority="prod"))["id"]
+
+        stopped = wait_for(
+            "the scavenger to yield",
+            lambda: next(
+                (a for a in client.get_run(scavenger)["attempts"] if a["state"] == "STOPPED"), None
+            ),
+            timeout_s=60,
+        )
+        assert f"preempted by run {prod}" in stopped["end_reason"]
+        asked = next(
+            e for e in client.run_events(scavenger) if e["kind"] == "attempt.stop_requested"
+        )
+        yielded = max((c for c in client.run_checkpoints(scavenger) if c["committed_at"]),
+                      key=lambda c: c["step"])
+        # Seen at the next progress report (every 2 s), then one step and one checkpoint.
+        latency = (
+            datetime.fromisoformat(yielded["committed_at"])
+            - datetime.fromisoformat(asked["created_at"])
+        ).total_seconds()
+        assert latency < 10, latency
+        print(
+            f"yield: stop asked -> checkpoint committed in {latency:.2f} s "
+            f"at step {yielded['step']}"
+        )
+
+        wait_for("the prod run to succeed", lambda: succeeded(client, prod), timeout_s=180)
+        assert set(client.get_run(prod)["attempts"][0]["nodes"]) & set(stopped["nodes"])
+    finally:
+        slurm("scancel", blocker, conf=conf)
+
+    wait_for("the scavenger to finish", lambda: succeeded(client, scavenger), timeout_s=180)
+    final = client.get_run(scavenger)
+    resumed = final["attempts"][-1]
+    assert resumed["resume_step"] == yielded["step"]
+    assert final["num_restarts"] == 0, "a preemption is not a failure"
+    after = losses(client, scavenger, resumed["id"])
+    assert min(after) == yielded["step"] + 1
+    for step, loss in after.items():
+        assert loss == pytest.approx(twin[step], rel=1e-4), f"step {step}"
+    assert final["goodput"]["lost"]["preempted_s"] > 0
+    kinds = [e["kind"] for e in client.run_events(prod)]
+    assert "run.preempting" in kinds
