@@ -107,9 +107,9 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         # Slurm sends SIGUSR2 ahead of the time limit (sbatch --signal, set by the service):
         # stop at the next step with a checkpoint instead of being killed between two.
         with _event_on_signal(signal.SIGUSR2) as time_limit_near:
-            return _train(config, reporter, device, time_limit_near)
+            return train_loop(config, reporter, device, time_limit_near)
     except BaseException as exc:
-        # The failed frame still holds the DDP model, whose reducer holds the process group.
+        # The failed frame still holds the model, whose data-parallel state holds groups.
         # Dropped after destroy_process_group(), the group would be destroyed with the GIL
         # held while gloo's worker thread waits for the GIL: a hang instead of an exit
         # (pytorch/pytorch#56297). Free those locals now, while the group is still alive.
@@ -181,12 +181,15 @@ def _forward_backward(
     return total, accum
 
 
-def _train(
+def train_loop(
     config: WorkerRunConfig,
     reporter: Reporter,
     device: torch.device,
-    time_limit_near: threading.Event,
+    time_limit_near: threading.Event | None = None,
 ) -> TrainResult:
+    """Train on the default process group, which the caller set up (train() does; the
+    layout tests train several layouts in one group of processes)."""
+    time_limit_near = time_limit_near or threading.Event()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
     dims = ParallelDims.from_layout(config.layout, world_size)

@@ -87,6 +87,7 @@ def show(run_id: int, json: bool = JSON) -> None:
         f"step {run['last_step'] or 0}/{run['total_steps']}  "
         f"loss {fmt_float(run['last_loss'])}  tok/s {fmt_float(run['tokens_per_s'], 0)}"
         f"  restarts {run['num_restarts']}/{run['max_restarts']}"
+        + (f"  MFU {run['mfu']:.2%}" if run.get("mfu") is not None else "")
     )
     layout = run["layout"]
     console.print(

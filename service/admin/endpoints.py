@@ -50,10 +50,13 @@ def resume(name: str, body: ResumeRequest, session: SessionDep, principal: Princ
     session.rollback()  # no transaction stays open across the Slurm calls below
     slurm = next((n for n in commands.show_nodes() if n.name == name), None)
     reason = slurm.reason if slurm else ""
+    # Resuming a node Slurm already runs is a no-op for Slurm, not an error for the admin.
+    needs_slurm = slurm is not None and any(s in slurm.state for s in ("DRAIN", "DOWN", "FAIL"))
     node = nodes.require_node(session, name, for_update=True)
     nodes.check_resumable(node, reason, body.force)
     session.rollback()
-    commands.resume_node(name)
+    if needs_slurm:
+        commands.resume_node(name)
     node = nodes.require_node(session, name, for_update=True)
     nodes.mark_resumed(session, node, body.force)
     auth.audit(

@@ -17,11 +17,9 @@ from service.models.run import (
 
 __all__ = [
     "ApiToken",
-    "AuditEntry",
-    "Role",
-    "Team",
     "Attempt",
     "AttemptState",
+    "AuditEntry",
     "Base",
     "Checkpoint",
     "CheckpointState",
@@ -33,7 +31,9 @@ __all__ = [
     "NodeEvent",
     "NodeState",
     "RecoveryAction",
+    "Role",
     "Run",
     "RunEvent",
     "RunState",
+    "Team",
 ]

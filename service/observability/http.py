@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

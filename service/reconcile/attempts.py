@@ -168,10 +168,10 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             _submission_failed(req, str(exc))
             continue
         with session_scope() as session:
-            attempt = repository.get_attempt(session, req.attempt_id, for_update=True)
-            owner = repository.get_run(session, req.run_id)
-            if attempt is None or owner is None or attempt.state != AttemptState.SUBMITTING:
+            locked = repository.lock_run_and_attempt(session, req.attempt_id)
+            if locked is None or locked[1].state != AttemptState.SUBMITTING:
                 continue
+            owner, attempt = locked
             attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
             set_attempt_state(
                 session,
@@ -238,10 +238,10 @@ def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
 
 def _submission_failed(req: AttemptRequest, reason: str) -> None:
     with session_scope() as session:
-        attempt = repository.get_attempt(session, req.attempt_id, for_update=True)
-        run = repository.get_run(session, req.run_id, for_update=True)
-        if attempt is None or run is None or attempt.state.is_terminal:
+        locked = repository.lock_run_and_attempt(session, req.attempt_id)
+        if locked is None or locked[1].state.is_terminal:
             return
+        run, attempt = locked
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
         set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}", attempt)
 
@@ -324,10 +324,10 @@ def poll_attempts() -> None:
 
 
 def _apply(session: Session, obs: _Observed) -> None:
-    attempt = repository.get_attempt(session, obs.attempt_id, for_update=True)
-    if attempt is None or attempt.state.is_terminal:
+    locked = repository.lock_run_and_attempt(session, obs.attempt_id)
+    if locked is None or locked[1].state.is_terminal:
         return
-    run = repository.get_run(session, attempt.run_id, for_update=True)
+    run, attempt = locked
     assert run is not None
     if run.state not in (RunState.PENDING, RunState.RUNNING):
         return  # cancel owns it now

@@ -78,14 +78,17 @@ def _drain_and_move(item: _Todo) -> None:
                 set_node_state(session, node, NodeState.DRAINED, item.message)
     jobs = []
     with session_scope() as session:
-        incident = session.get(Incident, item.id, with_for_update=True)
-        assert incident is not None
+        # Runs first, then the incident: the lock order of every other writer (the workers'
+        # reports lock a run, then its attempt, then the incidents that moved it).
         runs = session.scalars(
             select(Run)
             .where(Run.state.in_(ACTIVE))
             .where(Run.nodes.contains([item.node]))
+            .order_by(Run.id)
             .with_for_update()
         ).all()
+        incident = session.get(Incident, item.id, with_for_update=True)
+        assert incident is not None
         for run in runs:
             jobs += _move_run(session, run, incident, item.node)
         incident.attempt_ended_at = utcnow()
@@ -159,18 +162,17 @@ def _restart(item: _Todo) -> None:
     if target and incident.kind == "hang" and target[2]:
         stacks = hangs.collect_stacks(target[2], target[1], target[3])
     with session_scope() as session:
-        incident = session.get(Incident, item.id, with_for_update=True)
+        locked = runs_repo.lock_run_and_attempt(session, target[1]) if target else None
+        incident = session.get(Incident, item.id, with_for_update=True)  # after the run
         assert incident is not None
         if stacks:
             incident.details = {**incident.details, "stacks": stacks[-20000:]}
         incident.attempt_ended_at = utcnow()
         metrics.observe_incident(incident, "stop")
-        if target is None:
+        if target is None or locked is None:
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
             return
-        run = runs_repo.get_run(session, target[0], for_update=True)
-        attempt = runs_repo.get_attempt(session, target[1], for_update=True)
-        assert run is not None and attempt is not None
+        run, attempt = locked
         incident.run_id, incident.attempt_id = run.id, attempt.id
         if not end_attempt_and_restart(session, run, attempt, incident.message, hardware=False):
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()

@@ -127,3 +127,16 @@ def gpus_in_use(session: Session, team: str) -> int:
         )
     )
     return int(total or 0)
+
+
+def lock_run_and_attempt(session: Session, attempt_id: int) -> tuple[Run, Attempt] | None:
+    """Lock a run, then its attempt: the one lock order every writer follows, so the
+    reconciler and the workers' reports never deadlock on each other."""
+    run_id = session.scalar(select(Attempt.run_id).where(Attempt.id == attempt_id))
+    if run_id is None:
+        return None
+    run = get_run(session, run_id, for_update=True)
+    attempt = get_attempt(session, attempt_id, for_update=True)
+    if run is None or attempt is None:
+        return None
+    return run, attempt

@@ -31,10 +31,10 @@ from service.workers.schemas import (
 
 def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:
     """The attempt a worker speaks for, refusing ones that already ended (a zombie rank)."""
-    attempt = repository.get_attempt(session, attempt_id, for_update=True)
-    if attempt is None:
+    locked = repository.lock_run_and_attempt(session, attempt_id)
+    if locked is None:
         raise NotFound(f"no attempt with id {attempt_id}")
-    run = repository.get_run(session, attempt.run_id, for_update=True)
+    run, attempt = locked
     assert run is not None  # foreign key
     if attempt.state.is_terminal:
         raise Conflict(f"attempt {attempt_id} already ended ({attempt.state}); stop training")

@@ -18,7 +18,6 @@ import shlex
 import shutil
 import subprocess
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,6 +132,7 @@ def in_venv(program: str) -> bool:
     )
 
 
+@cache
 def in_debian_image(program: str) -> bool:
     found = shutil.which(program)
     if found is None:
@@ -154,8 +154,12 @@ def programs_in_shell(text: str, functions: frozenset[str] = frozenset()) -> lis
     text = re.sub(r"#.*", "", text.replace("\\\n", " "))
     text = re.sub(r"\$\{[^}]*\}|\d*>&\d+", " ", text)  # ${...} expansions, >&2 redirections
     functions = functions | set(re.findall(r"^(\w+)\(\)", text, re.M))
+    substituted = re.findall(r"\$\(([^()]*)\)", text)  # $(cmd): a command of its own
+    text = re.sub(r"\$\(([^()]*)\)", "SUBSTITUTED", text)
     found = []
-    for part in re.split(r"&&|\|\||[;|&\n]|\$\(|\bthen\b|\bdo\b|\belse\b", text):
+    for part in re.split(
+        r"&&|\|\||[;|&\n]|\bthen\b|\bdo\b|\belse\b", text + "\n" + "\n".join(substituted)
+    ):
         words = [w for w in shlex.split(part, posix=True) if not re.match(r"^\w+=", w)]
         while words and words[0] in ("exec", "!"):
             words = words[1:]

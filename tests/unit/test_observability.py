@@ -193,3 +193,54 @@ def test_an_endpoint_logs_with_the_ids_of_its_path(api: Any) -> None:
     request = json.loads(access.getvalue().splitlines()[-1])
     assert request["run_id"] == 42 and request["route"] == "/v1/runs/{run_id}/probe-log"
     assert request["status_code"] == 200 and request["duration_ms"] > 0
+
+
+def test_goodput_from_the_last_metric_of_each_attempt_equals_the_full_one(
+    db_session: Session,
+) -> None:
+    """The scrape reads one metric per attempt instead of every step: same figures."""
+    from service.models import Checkpoint, CheckpointState
+    from service.runs.goodput import compute_goodput
+    from service.runs.repository import checkpoints, last_metric_per_attempt, metrics
+
+    t0 = utcnow() - timedelta(seconds=200)
+    run = add_run(db_session, RunState.SUCCEEDED, ended_at=t0 + timedelta(seconds=200))
+    first = add_attempt(db_session, run, 1, AttemptState.FAILED, started_at=t0)
+    first.first_step_at, first.ended_at = t0 + timedelta(seconds=5), t0 + timedelta(seconds=80)
+    second = add_attempt(
+        db_session, run, 2, AttemptState.SUCCEEDED, started_at=t0 + timedelta(seconds=100)
+    )
+    second.resume_step, second.first_step_at = 20, t0 + timedelta(seconds=110)
+    second.ended_at = t0 + timedelta(seconds=200)
+    for attempt, steps, start in ((first, range(1, 31), 5), (second, range(21, 61), 110)):
+        for i, step in enumerate(steps):
+            db_session.add(
+                Metric(
+                    run_id=run.id,
+                    attempt_id=attempt.id,
+                    step=step,
+                    loss=1.0,
+                    recorded_at=t0 + timedelta(seconds=start + 2 * i),
+                )
+            )
+    db_session.add(
+        Checkpoint(
+            run_id=run.id,
+            attempt_id=first.id,
+            step=20,
+            path="/x",
+            state=CheckpointState.COMMITTED,
+            committed_at=t0 + timedelta(seconds=45),
+            write_s=1.0,
+        )
+    )
+    db_session.flush()
+    attempts = [first, second]
+    full = compute_goodput(
+        run, attempts, metrics(db_session, run.id, -1, 10_000), checkpoints(db_session, run.id)
+    )
+    cheap = compute_goodput(
+        run, attempts, last_metric_per_attempt(db_session, run.id), checkpoints(db_session, run.id)
+    )
+    assert len(last_metric_per_attempt(db_session, run.id)) == 2
+    assert cheap == full and full.lost.recomputed_steps_s > 0

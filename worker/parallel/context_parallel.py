@@ -63,6 +63,13 @@ class GatheredKVAttention:
         # those positions into sequence order.
         gathered = torch.cat([local_positions(seq_len, self.cp, r) for r in range(self.cp)])
         self.natural = torch.argsort(gathered)
+        # Causal with the diagonal at the bottom right: query j of a chunk sees keys up to
+        # (visible - chunk + j). On GPUs this keeps SDPA on its fused kernels. Made once
+        # here: creating the mask inside a checkpointed block trips selective recompute.
+        self.masks = [
+            causal_lower_right(self.chunk, (chunk_id + 1) * self.chunk)
+            for chunk_id in rank_chunks(self.cp, self.cp_rank)
+        ]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: (batch, heads, 2 x chunk, head_dim), this rank's tokens in local order."""
@@ -78,12 +85,9 @@ class GatheredKVAttention:
         for i, chunk_id in enumerate(rank_chunks(self.cp, self.cp_rank)):
             q_chunk = q[:, :, i * self.chunk : (i + 1) * self.chunk]
             visible = (chunk_id + 1) * self.chunk  # keys up to the end of this chunk
-            # Causal with the diagonal at the bottom right: query j of the chunk sees keys up
-            # to (visible - chunk + j). On GPUs this keeps SDPA on its fused kernels.
-            mask = causal_lower_right(self.chunk, visible)
             outs.append(
                 F.scaled_dot_product_attention(
-                    q_chunk, k_all[:, :, :visible], v_all[:, :, :visible], attn_mask=mask
+                    q_chunk, k_all[:, :, :visible], v_all[:, :, :visible], attn_mask=self.masks[i]
                 )
             )
         return torch.cat(outs, dim=2)

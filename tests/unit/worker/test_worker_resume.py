@@ -11,14 +11,13 @@ losses for steps 6..12. Run D resumes A's step 10 on a single rank.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from worker_helpers import free_port, tiny_spec
+from worker_helpers import clean_env, free_port, tiny_spec
 
 from worker.checkpoint import MARKER, latest_committed
 from worker.config import WorkerRunConfig
@@ -27,13 +26,6 @@ from worker.reporter import FileReporter
 from worker.train import train
 
 NUM_RANKS = 2
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without launcher variables (pytest might run under srun)."""
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RUNYARD_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", *launcher))}
-    return env | {"OMP_NUM_THREADS": "1"} | extra  # two ranks share two cores
 
 
 def train_args(spec: Path, checkpoint_dir: Path, metrics: Path, *extra: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -33,6 +34,13 @@ def tiny_spec(checkpoint_dir: Path, data_cache_dir: Path, **overrides: Any) -> d
     }
     spec.update(overrides)
     return spec
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without launcher variables (pytest might run under srun)."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RUNYARD_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", *launcher))}
+    return env | {"OMP_NUM_THREADS": "1"} | extra  # ranks share two cores
 
 
 def free_port() -> int:
