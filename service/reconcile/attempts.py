@@ -39,7 +39,7 @@ from service.runs.schemas import RunSpec
 from service.runs.service import resolve
 from service.slurm import commands
 from service.slurm.commands import JobStatus, SlurmError
-from service.slurm.placement import choose_nodes
+from service.slurm.placement import choose_nodes, placement_cost
 from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
@@ -100,13 +100,25 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             taken.update(chosen)
             run.nodes = [*run.nodes, *chosen]
             run.reservation = run_reservation(settings.slurm_job_prefix, run.id)
+            layout = run.config["layout"]
+            cost = placement_cost(
+                run.nodes,
+                {n: nodes[n].switch for n in run.nodes if n in nodes},
+                ranks_per_node=run.gpus_per_node,
+                tp=layout["tp"],
+                cp=layout["cp"],
+                pp=layout["pp"],
+            )
+            run.config = {**run.config, "placement": {"nodes": run.nodes, **cost}}
             record_event(
                 session,
                 run,
                 "run.placed",
-                f"nodes {', '.join(run.nodes)}",
+                f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} leaf switch(es), "
+                f"{cost['cross_switch_pipeline_edges']} cross-switch pipeline edge(s)",
                 data={
                     "nodes": run.nodes,
+                    **cost,
                     "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
                 },
             )

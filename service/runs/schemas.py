@@ -130,6 +130,11 @@ class RunOut(BaseModel):
     plan: dict[str, Any] | None = Field(
         default=None, description="The planner's figures for this layout on the cluster's GPUs."
     )
+    placement: dict[str, Any] | None = Field(
+        default=None,
+        description="Where it was placed and what that costs: leaf switches spanned, "
+        "cross-switch pipeline edges.",
+    )
     nodes: list[str] = Field(default_factory=list, description="Nodes the run holds now.")
     num_hardware_restarts: int = 0
     attempts: list[AttemptOut] = Field(default_factory=list)

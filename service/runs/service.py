@@ -161,6 +161,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
         layout=run.config["layout"],
         spec=run.spec,
         plan=run.config.get("plan"),
+        placement=run.config.get("placement"),
         nodes=run.nodes,
         num_hardware_restarts=run.num_hardware_restarts,
         goodput=goodput,

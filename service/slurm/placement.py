@@ -45,3 +45,34 @@ def choose_replacement(
     """A spare for a failed node: one on a switch the run already uses first."""
     ranked = sorted(spares, key=lambda s: (s[1] not in keep_switches, s[1] or "", s[0]))
     return ranked[0][0] if ranked else None
+
+
+def placement_cost(
+    nodes: list[str],
+    switch_of: dict[str, str | None],
+    *,
+    ranks_per_node: int,
+    tp: int,
+    cp: int,
+    pp: int,
+) -> dict[str, int]:
+    """What crosses the network: leaf switches spanned and pipeline hops between switches.
+
+    Ranks fill nodes in order, and the mesh puts tp peers on adjacent ranks, then cp, then
+    pp, then dp (worker/parallel), so stage s of a pipeline sits `tp * cp` ranks after s-1.
+    """
+    switches = {switch_of.get(n) or "-" for n in nodes}
+    world = len(nodes) * ranks_per_node
+    stride = tp * cp
+    hops = set()
+    for rank in range(world):
+        stage = (rank // stride) % pp
+        if stage + 1 < pp:
+            here, there = nodes[rank // ranks_per_node], nodes[(rank + stride) // ranks_per_node]
+            if (switch_of.get(here) or "-") != (switch_of.get(there) or "-"):
+                hops.add((here, there))
+    return {
+        "num_nodes": len(nodes),
+        "switches_spanned": len(switches),
+        "cross_switch_pipeline_edges": len(hops),
+    }

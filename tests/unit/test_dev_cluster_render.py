@@ -35,3 +35,24 @@ def test_rendered_files_describe_the_cluster(tmp_path: Path) -> None:
 def test_bad_shapes_are_refused(nodes: int, leaf: int) -> None:
     with pytest.raises(ValueError, match="--"):
         ClusterShape(num_nodes=nodes, leaf_size=leaf)
+
+
+def test_placement_packs_into_the_fewest_switches() -> None:
+    from service.slurm.placement import choose_nodes, choose_replacement, placement_cost
+
+    free = [
+        ("gpu001", "leaf1"),
+        ("gpu002", "leaf1"),
+        ("gpu005", "leaf2"),
+        ("gpu006", "leaf2"),
+        ("gpu007", "leaf2"),
+    ]
+    assert choose_nodes(free, 2) == ["gpu001", "gpu002"]  # best fit: the smaller hole
+    assert choose_nodes(free, 3) == ["gpu005", "gpu006", "gpu007"]
+    assert choose_nodes(free, 4) == ["gpu005", "gpu006", "gpu007", "gpu001"]
+    assert choose_nodes(free, 6) is None
+    assert choose_replacement([("gpu008", "leaf2"), ("gpu003", "leaf1")], {"leaf1"}) == "gpu003"
+    switch_of = {"a": "leaf1", "b": "leaf1", "c": "leaf2", "d": "leaf2"}
+    # pp=4 over 4 nodes of 8 ranks with tp=8: three stage hops, one of them across switches.
+    cost = placement_cost(["a", "b", "c", "d"], switch_of, ranks_per_node=8, tp=8, cp=1, pp=4)
+    assert cost == {"num_nodes": 4, "switches_spanned": 2, "cross_switch_pipeline_edges": 1}
