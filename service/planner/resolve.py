@@ -1,19 +1,32 @@
 """Turn a run spec's `auto` parallelism into a concrete layout, or refuse with the reason.
 
-The full layout search (memory, step time, reliability) is the planner's job; this resolves
-what the worker can run today and names the field that is wrong when it cannot.
+The full layout search (memory, step time, reliability) is the planner's job; this fills in
+what the spec left out and checks the result against the worker's layout contract
+(`worker.config.layout_problems`, the same rules the worker applies before training), so a
+spec that no worker could run is refused at submission with the field to change, never
+discovered by a rank on the cluster.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from worker.config import ModelShape, ParallelLayout, Precision, Recompute
+from worker.config import (
+    ModelShape,
+    ParallelLayout,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    layout_problems,
+)
 
 if TYPE_CHECKING:
     from service.runs.schemas import ParallelismSpec
 
 MAX_AUTO_MICRO_BATCH = 8
+# Degrees and options a spec may pin that ParallelismSpec may not carry yet; read with a
+# default so that they flow through as soon as the API schema gains them.
+_OPTIONAL_PINS = ("vp", "schedule", "compile")
 
 
 class LayoutError(ValueError):
@@ -25,8 +38,21 @@ class LayoutError(ValueError):
         self.message = message
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+def _pinned(pinned: ParallelismSpec | None, name: str) -> object:
+    return getattr(pinned, name, None) if pinned is not None else None
+
+
+def _auto_micro_batch(per_rank: int, pp: int, vp: int) -> int:
+    """The largest micro batch (up to MAX_AUTO_MICRO_BATCH) that divides the rank's share of
+    the batch and leaves a pipeline enough micro batches: 1F1B needs at least pp of them,
+    interleaved 1F1B a multiple of pp. 1 if none does (the contract check then says why)."""
+    for size in range(min(per_rank, MAX_AUTO_MICRO_BATCH), 0, -1):
+        if per_rank % size:
+            continue
+        micro_batches = per_rank // size
+        if pp == 1 or (micro_batches >= pp and (vp == 1 or micro_batches % pp == 0)):
+            return size
+    return 1
 
 
 def resolve_layout(
@@ -36,62 +62,65 @@ def resolve_layout(
     global_batch: int,
     pinned: ParallelismSpec | None,
     default_precision: Precision = Precision.FP32,
+    seq_len: int | None = None,
 ) -> ParallelLayout:
-    """A layout for `world_size` ranks honouring every degree pinned in the spec."""
-    tp = (pinned and pinned.tp) or 1
-    pp = (pinned and pinned.pp) or 1
-    cp = (pinned and pinned.cp) or 1
+    """A layout for `world_size` ranks honouring every degree pinned in the spec.
+
+    `seq_len`, when given, also checks what context and sequence parallel need of it
+    (2 x cp chunks, each divisible by tp); the planner's admission checks it too.
+    """
+    tp = int(_pinned(pinned, "tp") or 1)
+    pp = int(_pinned(pinned, "pp") or 1)
+    cp = int(_pinned(pinned, "cp") or 1)
+    vp = int(_pinned(pinned, "vp") or 1)
     if world_size % (tp * pp * cp):
         raise LayoutError(
             "parallelism",
             f"tp x pp x cp = {tp * pp * cp} does not divide the {world_size} ranks "
             "(nodes x gpus_per_node)",
         )
-    dp = (pinned and pinned.dp) or world_size // (tp * pp * cp)
+    dp = int(_pinned(pinned, "dp") or world_size // (tp * pp * cp))
     if dp * tp * pp * cp != world_size:
         raise LayoutError(
             "parallelism.dp",
             f"dp x tp x pp x cp = {dp * tp * pp * cp} but the run has {world_size} ranks "
             "(nodes x gpus_per_node)",
         )
-    if shape.kv_heads % tp:
-        raise LayoutError(
-            "parallelism.tp", f"tp ({tp}) must divide the model's kv_heads ({shape.kv_heads})"
-        )
-    if shape.layers % pp:
-        raise LayoutError(
-            "parallelism.pp", f"pp ({pp}) must divide the model's layers ({shape.layers})"
-        )
     if global_batch % dp:
         raise LayoutError(
             "global_batch", f"global_batch ({global_batch}) must be divisible by dp ({dp})"
         )
     per_rank = global_batch // dp
-    micro = (pinned and pinned.micro_batch_size) or _largest_divisor_at_most(
-        per_rank, MAX_AUTO_MICRO_BATCH
-    )
+    micro = int(_pinned(pinned, "micro_batch_size") or _auto_micro_batch(per_rank, pp, vp))
     if per_rank % micro:
         raise LayoutError(
             "parallelism.micro_batch_size",
             f"micro_batch_size ({micro}) must divide global_batch / dp ({per_rank})",
         )
-    layout = ParallelLayout(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        zero_stage=(pinned and pinned.zero_stage) or 0,
-        micro_batch_size=micro,
-        recompute=(pinned and pinned.recompute) or Recompute.NONE,
-        precision=(pinned and pinned.precision) or default_precision,
+    schedule = _pinned(pinned, "schedule") or (
+        PipelineSchedule.INTERLEAVED_1F1B if vp > 1 else PipelineSchedule.ONE_F_ONE_B
     )
-    unsupported = [f"{n}={v}" for n, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1]
-    if layout.zero_stage:
-        unsupported.append(f"zero_stage={layout.zero_stage}")
-    if unsupported:
-        raise LayoutError(
-            "parallelism",
-            f"{', '.join(unsupported)} is not supported by this worker yet; "
-            "use DDP (tp=pp=cp=1, zero_stage=0)",
+    try:
+        layout = ParallelLayout(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            vp=vp,
+            schedule=schedule,
+            zero_stage=_pinned(pinned, "zero_stage") or 0,
+            micro_batch_size=micro,
+            recompute=_pinned(pinned, "recompute") or Recompute.NONE,
+            precision=_pinned(pinned, "precision") or default_precision,
+            compile=bool(_pinned(pinned, "compile")),
         )
+    except ValueError as exc:  # the schedule's own rules (vp and schedule disagree)
+        raise LayoutError("parallelism.schedule", str(exc).splitlines()[-1]) from exc
+    # The contract's seq_len checks run only when the caller knows it; a stand-in that
+    # satisfies them otherwise.
+    check_seq_len = seq_len if seq_len is not None else 2 * cp * tp
+    problems = layout_problems(shape, layout, check_seq_len, global_batch)
+    if problems:
+        field, message = problems[0]
+        raise LayoutError(f"parallelism.{field}", message)
     return layout

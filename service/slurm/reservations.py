@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import getpass
 
-from service.slurm.commands import parse_key_values, run_slurm
+from service.slurm.commands import SlurmError, parse_key_values, run_slurm
 
 
 def spare_reservation(prefix: str) -> str:
@@ -38,11 +38,14 @@ def list_reservations() -> dict[str, list[str]]:
 
 
 def ensure_reservation(name: str, nodes: list[str], current: dict[str, list[str]]) -> None:
-    """Make reservation `name` hold exactly `nodes` (create, update or delete); idempotent."""
+    """Make reservation `name` hold exactly `nodes` (create, update or delete); idempotent.
+
+    `current` is the tick's snapshot; it is kept up to date here, so a later step of the
+    same tick does not act on what an earlier one already changed.
+    """
     have = current.get(name)
     if not nodes:
-        if have is not None:
-            run_slurm(["scontrol", "delete", f"reservation={name}"])
+        delete_reservation(name, current)
         return
     if have is not None and sorted(have) == sorted(nodes):
         return
@@ -50,22 +53,29 @@ def ensure_reservation(name: str, nodes: list[str], current: dict[str, list[str]
     if have is None:
         # IGNORE_JOBS: a node may still finish a job of ours; MAINT: reservations may overlap
         # while a spare moves from the pool into a run.
-        run_slurm(
-            [
-                "scontrol",
-                "create",
-                f"reservation={name}",
-                node_arg,
-                "starttime=now",
-                "duration=infinite",
-                f"users={getpass.getuser()}",
-                "flags=ignore_jobs,maint",
-            ]
-        )
+        try:
+            run_slurm(
+                [
+                    "scontrol",
+                    "create",
+                    f"reservation={name}",
+                    node_arg,
+                    "starttime=now",
+                    "duration=infinite",
+                    f"users={getpass.getuser()}",
+                    "flags=ignore_jobs,maint",
+                ]
+            )
+        except SlurmError as exc:
+            if "Duplicate reservation name" not in str(exc):
+                raise
+            run_slurm(["scontrol", "update", f"reservation={name}", node_arg])
     else:
         run_slurm(["scontrol", "update", f"reservation={name}", node_arg])
+    current[name] = list(nodes)
 
 
 def delete_reservation(name: str, current: dict[str, list[str]]) -> None:
-    if name in current:
-        run_slurm(["scontrol", "delete", f"reservation={name}"], check=False)
+    """Delete it whether or not the snapshot knew of it (it may be newer than the snapshot)."""
+    run_slurm(["scontrol", "delete", f"reservation={name}"], check=False)
+    current.pop(name, None)
