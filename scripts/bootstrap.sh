@@ -10,6 +10,10 @@ for bin in slurmctld slurmd sbatch munged; do
   command -v "$bin" >/dev/null 2>&1 || { missing+=(slurmctld slurmd slurm-client munge); break; }
 done
 command -v pg_ctlcluster >/dev/null 2>&1 || missing+=(postgresql)
+# Headless Chromium opens `runyard run report` pages in the tests.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# The compose file is validated offline by Debian's docker-compose (no engine needed).
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 python3 -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
   echo "bootstrap: apt-get install ${missing[*]}"

@@ -49,13 +49,20 @@ def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test
     def slurm(*args: str) -> str:
         return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
 
+    def belongs_to_a_live_session(name: str) -> bool:
+        """runyard-runyard_test_<pid>-...: that pytest process may still be running."""
+        pid = name.removeprefix("runyard-runyard_test_").split("-")[0]
+        if not pid.isdigit() or name.startswith(f"runyard-{TEST_DATABASE}"):
+            return False
+        return Path(f"/proc/{pid}").exists()
+
     for line in slurm("squeue", "-h", "-o", "%i %j").splitlines():
         job_id, _, name = line.strip().partition(" ")
-        if name.startswith(prefix):
+        if name.startswith(prefix) and not belongs_to_a_live_session(name):
             slurm("scancel", job_id)
     for line in slurm("scontrol", "show", "reservation", "-o").splitlines():
         name = line.split()[0].partition("=")[2] if line.startswith("ReservationName=") else ""
-        if name.startswith(prefix):
+        if name.startswith(prefix) and not belongs_to_a_live_session(name):
             slurm("scontrol", "delete", f"reservation={name}")
     for line in slurm("scontrol", "show", "node", "-o").splitlines():
         fields = dict(t.partition("=")[::2] for t in line.split() if "=" in t)
@@ -140,6 +147,8 @@ def service(
         "RUNYARD_HEARTBEAT_SUSPECT_S": "4",
         "RUNYARD_HEARTBEAT_DEAD_S": "8",
         "RUNYARD_HANG_MIN_S": "15",
+        # Runs with a 1-minute time limit are stopped 45 s before it: 15 s segments.
+        "RUNYARD_SEGMENT_STOP_MARGIN_S": "45",
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
     }
     svc = ServiceProcess(env, state_dir / "service.log", admin_token)

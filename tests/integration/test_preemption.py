@@ -82,8 +82,10 @@ def test_prod_run_preempts_a_scavenger_run(
         asked = next(
             e for e in client.run_events(scavenger) if e["kind"] == "attempt.stop_requested"
         )
-        yielded = max((c for c in client.run_checkpoints(scavenger) if c["committed_at"]),
-                      key=lambda c: c["step"])
+        yielded = max(
+            (c for c in client.run_checkpoints(scavenger) if c["committed_at"]),
+            key=lambda c: c["step"],
+        )
         # Seen at the next progress report (every 2 s), then one step and one checkpoint.
         latency = (
             datetime.fromisoformat(yielded["committed_at"])
@@ -112,3 +114,24 @@ def test_prod_run_preempts_a_scavenger_run(
     assert final["goodput"]["lost"]["preempted_s"] > 0
     kinds = [e["kind"] for e in client.run_events(prod)]
     assert "run.preempting" in kinds
+
+
+def test_a_run_longer_than_its_time_limit_runs_as_segments(
+    service: ServiceProcess, agents: Agents
+) -> None:
+    client = service.client()
+    run_id = client.submit_run(tiny_spec("segmented", steps=260, time_limit_min=1))["id"]
+    wait_for("the run to finish", lambda: succeeded(client, run_id), timeout_s=240)
+    final = client.get_run(run_id)
+    stopped = [a for a in final["attempts"] if a["state"] == "STOPPED"]
+    assert stopped and all("segment time limit" in a["end_reason"] for a in stopped)
+    assert final["num_restarts"] == 0, "a segment boundary is not a failure"
+    for before, after in zip(final["attempts"], final["attempts"][1:], strict=False):
+        assert after["resume_step"] is not None and after["resume_step"] > (
+            before["resume_step"] or 0
+        )
+    steps = sorted({m["step"] for m in client.run_metrics(run_id)})
+    assert steps == list(range(1, 261)), "every step trained exactly once across segments"
+    assert final["goodput"]["lost"]["segment_boundaries_s"] > 0
+    kinds = [e["kind"] for e in client.run_events(run_id)]
+    assert kinds.count("attempt.stop_requested") == len(stopped)
