@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         description="Stop a time-limited segment this long before its Slurm limit, so it "
         "checkpoints and exits cleanly.",
     )
+    accelerator: str = Field(
+        default="gpu",
+        pattern="^(gpu|cpu)$",
+        description="What the workers train on: gpu, or cpu (the dev cluster; no fp8).",
+    )
     hardware: str = Field(
         default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -77,7 +78,7 @@ class ModelState(Stateful):
     parameter names, wrapper prefixes stripped; sharded parameters stay sharded (DTensor),
     so each rank writes only its shards and DCP reshards them for any other layout."""
 
-    def __init__(self, parts: list[nn.Module]) -> None:
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
         self.parts = parts
 
     def state_dict(self) -> dict[str, Any]:
@@ -93,7 +94,9 @@ class OptimizerState(Stateful):
     """Optimizer state of every model part (one optimizer each), keyed by parameter name,
     so it survives a change of wrapping, sharding or pipeline split."""
 
-    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def __init__(
+        self, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+    ) -> None:
         self.pairs = list(zip(parts, optimizers, strict=True))
 
     def state_dict(self) -> dict[str, Any]:
@@ -126,8 +129,8 @@ class RNGState(Stateful):
 
 
 def training_state(
-    parts: list[nn.Module],
-    optimizers: list[torch.optim.Optimizer],
+    parts: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
     trainer: TrainerState,
     rank: int,
 ) -> dict[str, Stateful]:

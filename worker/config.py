@@ -125,11 +125,6 @@ class ParallelLayout(_Frozen):
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
-    @property
-    def batch_degree(self) -> int:
-        """Ranks that see different tokens and must average gradients: dp x cp."""
-        return self.dp * self.cp
-
 
 def layout_problems(
     shape: ModelShape, layout: ParallelLayout, seq_len: int, global_batch: int

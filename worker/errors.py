@@ -18,7 +18,7 @@ class DoNotRetryError(WorkerError, ValueError):
 
 
 class UnsupportedLayoutError(DoNotRetryError):
-    """A layout this worker cannot train yet (tensor/pipeline/context parallel, ZeRO/FSDP)."""
+    """A layout this worker's hardware cannot train (fp8 without FP8 tensor cores)."""
 
 
 class CheckpointNotCommittedError(DoNotRetryError):

@@ -2,8 +2,10 @@
 
 RUNYARD_FAULT="<point>:<step>[:<rank>]" (rank defaults to 0) kills that rank with SIGKILL
 when it reaches <point> at <step>: no cleanup, no exit handler, as with a lost node. Points:
-  after_step     the optimizer step is done (and its checkpoint, if one was due)
+  after_step     the optimizer step is done (a checkpoint due at it may still be writing:
+                 saves are asynchronous)
   before_commit  every rank wrote its checkpoint files, the COMMITTED marker is not yet written
+                 (with asynchronous saves, at the step where rank 0 finds the save complete)
 Unset in production; the e2e suite and tests/unit/worker set it.
 """
 

@@ -23,7 +23,6 @@ from typing import Any
 import pydantic
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import yaml
 
 from worker import checkpoint
@@ -38,10 +37,10 @@ from worker.distributed import (
 )
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.faults import maybe_crash
-from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
-from worker.parallel.context_parallel import shard_sequence
-from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
+from worker.parallel import ParallelDims, build_training_model, check_supported
+from worker.parallel.data_parallel import clip_grad_norm
 from worker.reporter import FileReporter, Reporter
+from worker.step import build_optimizer, forward_backward, next_token_loss
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
 
@@ -119,68 +118,6 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         shutdown_distributed()
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy, in fp32 whatever the compute dtype."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def _adamw(part: torch.nn.Module, config: WorkerRunConfig) -> torch.optim.AdamW:
-    decay = [p for p in part.parameters() if p.dim() >= 2]  # no weight decay on norm gains
-    no_decay = [p for p in part.parameters() if p.dim() < 2]
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-        betas=(0.9, 0.95),
-    )
-
-
-def _forward_backward(
-    model: TrainingModel,
-    batches: TokenBatches,
-    step: int,
-    config: WorkerRunConfig,
-    dims: ParallelDims,
-    device: torch.device,
-) -> tuple[torch.Tensor, int]:
-    """Every micro batch of `step` forward and backward, gradients accumulating in the
-    parameters. Returns the sum of the micro-batch losses this rank computed, and how many."""
-    accum, mbs = config.grad_accum, config.layout.micro_batch_size
-    dp_rank, cp_rank = dims.mesh("dp").get_local_rank(), dims.mesh("cp").get_local_rank()
-    micro = []
-    for m in range(accum):
-        inputs, targets = batches.micro_batch(step, m, dp_rank, dims.dp, mbs)
-        # Context parallel: each cp rank keeps its two chunks of every sequence.
-        micro.append(
-            tuple(shard_sequence(t, dims.cp, cp_rank).to(device) for t in (inputs, targets))
-        )
-    if model.schedule is not None:
-        # The schedule cuts the step's batch back into `accum` micro batches and runs 1F1B:
-        # sync: activations and their gradients go point-to-point between stages.
-        inputs, targets = (torch.cat([mb[i] for mb in micro]) for i in (0, 1))
-        losses: list[torch.Tensor] = []
-        with model.autocast():
-            if model.has_first_stage:
-                model.schedule.step(inputs, target=targets, losses=losses)
-            else:
-                model.schedule.step(target=targets, losses=losses)
-        total = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
-        return total.detach(), len(losses)
-    total = torch.zeros((), device=device)
-    for m, (inputs, targets) in enumerate(micro):
-        # sync: data parallel reduces gradients during backward; on all but the last micro
-        # batch it holds them back (DDP, ZeRO-1) so accumulation costs one reduction a step.
-        set_micro_batch_sync(model.parts, config.layout.zero_stage, last=m == accum - 1)
-        with model.autocast():
-            logits = model.parts[0](inputs)
-        loss = _loss(logits, targets)
-        (loss / accum).backward()
-        total += loss.detach()
-    return total, accum
-
-
 def train_loop(
     config: WorkerRunConfig,
     reporter: Reporter,
@@ -206,8 +143,8 @@ def train_loop(
     batches = TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
 
     # Model and optimizers: this rank's shards of its pipeline stages, seeded alike everywhere.
-    model = build_training_model(config, dims, device, _loss)
-    optimizers = [_adamw(part, config) for part in model.parts]  # one per pipeline stage
+    model = build_training_model(config, dims, device, next_token_loss)
+    optimizers = [build_optimizer(part, config) for part in model.parts]  # one per stage
     trainer = checkpoint.TrainerState()
     state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
     checkpointer = checkpoint.AsyncCheckpointer(config.checkpoint_path, state)
@@ -219,6 +156,8 @@ def train_loop(
             print(f"resumed from {path} at step {trainer.step}", flush=True)
             if trainer.step != config.resume_from.step:
                 print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
+
+    last_checkpoint_step, stopped_early = trainer.step, False
 
     def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
         """Rank 0: register a commit with the service, then prune what it superseded."""
@@ -241,7 +180,6 @@ def train_loop(
             checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
 
     tokens_per_step = config.global_batch * config.seq_len
-    last_checkpoint_step, stopped_early = trainer.step, False
     pp_mesh = dims.mesh("pp")
 
     for step in range(trainer.step + 1, config.steps + 1):
@@ -250,7 +188,7 @@ def train_loop(
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr
-        loss_sum, num_losses = _forward_backward(model, batches, step, config, dims, device)
+        loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
         grad_norm = clip_grad_norm(model.parts, config.grad_clip, pp_mesh)
         for optimizer in optimizers:
             optimizer.step()

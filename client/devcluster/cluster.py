@@ -82,6 +82,7 @@ class DevCluster:
             "RUNYARD_STATE_DIR": str(self.state_dir),
             "RUNYARD_SLURM_CONF": str(self.slurm_conf),
             "RUNYARD_PARTITION": PARTITION,
+            "RUNYARD_ACCELERATOR": "cpu",  # the dev cluster's ranks are CPU processes
         }
 
 

@@ -57,8 +57,8 @@ def plan_vs_achieved(data: ReportData) -> list[tuple[str, str, str]]:
         ("parallel layout", shape(planned_layout), shape(layout)),
         (
             "step time",
-            _fmt(plan.get("step_time_s"), ".3f") + " s",
-            _fmt(data.median("step_time_s"), ".3f") + " s (median)",
+            _fmt(plan.get("step_time_s"), ".3g") + " s",
+            _fmt(data.median("step_time_s"), ".3g") + " s (median)",
         ),
         ("tokens/s", _fmt(plan.get("tokens_per_s"), ",.0f"), _fmt(tokens, ",.0f") + " (median)"),
         (

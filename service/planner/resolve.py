@@ -9,7 +9,9 @@ discovered by a rank on the cluster.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from worker.config import (
     ModelShape,
@@ -24,9 +26,6 @@ if TYPE_CHECKING:
     from service.runs.schemas import ParallelismSpec
 
 MAX_AUTO_MICRO_BATCH = 8
-# Degrees and options a spec may pin that ParallelismSpec may not carry yet; read with a
-# default so that they flow through as soon as the API schema gains them.
-_OPTIONAL_PINS = ("vp", "schedule", "compile")
 
 
 class LayoutError(ValueError):
@@ -38,7 +37,9 @@ class LayoutError(ValueError):
         self.message = message
 
 
-def _pinned(pinned: ParallelismSpec | None, name: str) -> object:
+def _pinned(pinned: ParallelismSpec | None, name: str) -> Any:
+    """A pinned value, or None. Read by name with a default: vp, schedule and compile flow
+    through as soon as the API's ParallelismSpec gains them."""
     return getattr(pinned, name, None) if pinned is not None else None
 
 
@@ -69,17 +70,17 @@ def resolve_layout(
     `seq_len`, when given, also checks what context and sequence parallel need of it
     (2 x cp chunks, each divisible by tp); the planner's admission checks it too.
     """
-    tp = int(_pinned(pinned, "tp") or 1)
-    pp = int(_pinned(pinned, "pp") or 1)
-    cp = int(_pinned(pinned, "cp") or 1)
-    vp = int(_pinned(pinned, "vp") or 1)
+    tp: int = _pinned(pinned, "tp") or 1
+    pp: int = _pinned(pinned, "pp") or 1
+    cp: int = _pinned(pinned, "cp") or 1
+    vp: int = _pinned(pinned, "vp") or 1
     if world_size % (tp * pp * cp):
         raise LayoutError(
             "parallelism",
             f"tp x pp x cp = {tp * pp * cp} does not divide the {world_size} ranks "
             "(nodes x gpus_per_node)",
         )
-    dp = int(_pinned(pinned, "dp") or world_size // (tp * pp * cp))
+    dp: int = _pinned(pinned, "dp") or world_size // (tp * pp * cp)
     if dp * tp * pp * cp != world_size:
         raise LayoutError(
             "parallelism.dp",
@@ -91,7 +92,7 @@ def resolve_layout(
             "global_batch", f"global_batch ({global_batch}) must be divisible by dp ({dp})"
         )
     per_rank = global_batch // dp
-    micro = int(_pinned(pinned, "micro_batch_size") or _auto_micro_batch(per_rank, pp, vp))
+    micro: int = _pinned(pinned, "micro_batch_size") or _auto_micro_batch(per_rank, pp, vp)
     if per_rank % micro:
         raise LayoutError(
             "parallelism.micro_batch_size",
@@ -114,8 +115,9 @@ def resolve_layout(
             precision=_pinned(pinned, "precision") or default_precision,
             compile=bool(_pinned(pinned, "compile")),
         )
-    except ValueError as exc:  # the schedule's own rules (vp and schedule disagree)
-        raise LayoutError("parallelism.schedule", str(exc).splitlines()[-1]) from exc
+    except ValidationError as exc:  # the schedule's own rules (vp and schedule disagree)
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise LayoutError("parallelism.schedule", message) from exc
     # The contract's seq_len checks run only when the caller knows it; a stand-in that
     # satisfies them otherwise.
     check_seq_len = seq_len if seq_len is not None else 2 * cp * tp

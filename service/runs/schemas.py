@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
-from worker.config import ModelShape, Precision, Recompute
+from worker.config import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
 
 
 class _Spec(BaseModel):
@@ -27,6 +27,15 @@ class ParallelismSpec(_Spec):
     micro_batch_size: int | None = Field(default=None, ge=1, le=4096)
     recompute: Recompute | None = None
     precision: Precision | None = None
+    vp: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Virtual pipeline stages per rank (interleaved 1F1B).",
+    )
+    schedule: PipelineSchedule | None = None
+    compile: bool | None = Field(default=None, description="torch.compile each block.")
+    fp8_scaling: Float8Scaling | None = None
 
 
 class RunSpec(_Spec):

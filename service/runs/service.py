@@ -6,16 +6,17 @@ from sqlalchemy.orm import Session
 
 from service.auth.principal import Principal
 from service.auth.service import audit
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.models import Attempt, Run, RunState, Team
+from service.planner.hardware import hardware_named
 from service.planner.resolve import LayoutError, resolve_layout
 from service.plans.service import admit, shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, RunOut, RunSpec
-from worker.config import ModelShape, ParallelLayout, ResumePoint, WorkerRunConfig
+from worker.config import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
@@ -23,6 +24,17 @@ def model_shape(spec: RunSpec) -> ModelShape:
     if shape.mlp != "swiglu":
         raise InvalidSpec("model.mlp: the worker trains SwiGLU models only; use mlp: swiglu")
     return shape
+
+
+def fp8_available() -> bool:
+    """FP8 needs GPUs with FP8 tensor cores (H100/H200); refuse it before any rank starts."""
+    settings = get_settings()
+    if settings.accelerator == "cpu":
+        return False
+    try:
+        return hardware_named(settings.hardware).peak_fp8_flops is not None
+    except ValueError:
+        return False
 
 
 def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
@@ -35,9 +47,18 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
             world_size=spec.nodes * spec.gpus_per_node,
             global_batch=spec.global_batch,
             pinned=pinned,
+            seq_len=spec.seq_len,
         )
     except LayoutError as exc:
         raise InvalidSpec(str(exc)) from exc
+    if layout.precision == Precision.FP8 and not fp8_available():
+        settings = get_settings()
+        where = (
+            "the workers train on CPU"
+            if settings.accelerator == "cpu"
+            else f"{settings.hardware} has no FP8 tensor cores"
+        )
+        raise InvalidSpec(f"parallelism.precision: fp8 cannot run here ({where}); use bf16")
     if spec.checkpoint_every > spec.steps:
         raise InvalidSpec(
             f"checkpoint_every: {spec.checkpoint_every} is more than steps "

@@ -142,6 +142,7 @@ def service(
         "RUNYARD_STATE_DIR": str(state_dir),
         "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
         "RUNYARD_RUN_RECONCILER": "true",
+        "RUNYARD_ACCELERATOR": "cpu",
         "RUNYARD_RECONCILE_INTERVAL_S": "0.5",
         # Fast failure detection, so the recovery tests finish in seconds.
         "RUNYARD_HEARTBEAT_SUSPECT_S": "4",

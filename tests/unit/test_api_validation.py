@@ -67,9 +67,10 @@ def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> Non
         ),
         ({"checkpoint_every": 500}, "checkpoint_every", "more than steps"),
         (
+            # tp peers must share a node's NVLink domain; this node has 1 rank.
             {"parallelism": {"dp": 1, "tp": 2, "micro_batch_size": 1}, "global_batch": 1},
-            "parallelism",
-            "not supported",
+            "tp",
+            "NVLink domain",
         ),
     ],
 )
@@ -180,3 +181,21 @@ def test_plans_endpoint_answers_and_refuses(api: Any) -> None:
         json={"model": "llama3-8b", "gpus": 64, "seq_len": 8192, "global_batch_tokens": 1000},
     )
     assert bad.status_code == 422 and "global_batch_tokens" in bad.json()["detail"]
+
+
+def test_fp8_is_refused_before_any_rank_starts(
+    api: Any, db_session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.config import get_settings
+
+    monkeypatch.setenv("RUNYARD_ACCELERATOR", "cpu")
+    get_settings.cache_clear()
+    try:
+        runs = count(db_session, Run)
+        response = api.post("/v1/runs", json=good_spec(parallelism={"precision": "fp8"}))
+        assert response.status_code == 422
+        assert "fp8 cannot run here" in response.json()["detail"]
+        assert count(db_session, Run) == runs
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

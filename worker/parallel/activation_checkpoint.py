@@ -9,6 +9,7 @@ This is the split the planner's memory model assumes (service/planner/memory.py)
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any
 
@@ -65,6 +66,10 @@ def apply_compile(model: Transformer) -> None:
     """torch.compile each block separately: blocks are identical, so one compiled graph
     serves them all, and FSDP's per-block hooks stay outside the compiled code. (The
     `_orig_mod.` this adds to parameter names is stripped by DCP's state dicts and by
-    model.canonical_name.)"""
+    model.canonical_name.) RUNYARD_COMPILE_BACKEND overrides inductor, for debugging and
+    for tests: "aot_eager" traces forward and backward the same way without generating
+    kernels, which takes seconds instead of most of a minute on a CPU."""
+    backend = os.environ.get("RUNYARD_COMPILE_BACKEND", "inductor")
     for key, block in list(model.layers.items()):
-        model.layers.register_module(key, torch.compile(block))
+        compiled = torch.compile(block, backend=backend)  # an OptimizedModule
+        model.layers.register_module(key, compiled)  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ different tokens of the same sequences.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -59,7 +61,7 @@ def apply_data_parallel(model: Transformer, dp_mesh: DeviceMesh, layout: Paralle
     )
 
 
-def set_micro_batch_sync(parts: list[nn.Module], zero_stage: int, last: bool) -> None:
+def set_micro_batch_sync(parts: Sequence[nn.Module], zero_stage: int, last: bool) -> None:
     """Before each micro batch's backward (no pipeline): whether its gradients are reduced
     now and whether parameters are freed after it, following the stage's rules above.
     (Pipeline schedules make this call themselves.)"""
@@ -70,7 +72,7 @@ def set_micro_batch_sync(parts: list[nn.Module], zero_stage: int, last: bool) ->
 
 
 def clip_grad_norm(
-    parts: list[nn.Module], max_norm: float, pp_mesh: DeviceMesh | None
+    parts: Sequence[nn.Module], max_norm: float, pp_mesh: DeviceMesh | None
 ) -> torch.Tensor:
     """Clip by the global gradient norm over every parameter of the whole model.
 
@@ -79,7 +81,8 @@ def clip_grad_norm(
     their squared norms are summed over the pp group.
     """
     params = [p for part in parts for p in part.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     if pp_mesh is not None and pp_mesh.size() > 1:

@@ -25,6 +25,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     _PipelineSchedule,
 )
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from worker.config import ParallelLayout, PipelineSchedule
 from worker.model import Transformer
@@ -88,7 +89,7 @@ def build_schedule(
     """
     num_stages = layout.pp * layout.vp
     ids = stage_ids(pp_mesh.get_local_rank(), layout.pp, layout.vp)
-    stages = [
+    stages: list[_PipelineStageBase] = [
         PipelineStage(part, stage, num_stages, device, group=pp_mesh.get_group())
         for part, stage in zip(parts, ids, strict=True)
     ]

@@ -35,6 +35,7 @@ from worker.model import build_model
 from worker.reporter import FileReporter
 from worker.train import lr_at, train
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
 STEPS = int(os.environ.get("RUNYARD_LAYOUT_STEPS", "20"))  # the 20 first losses
 EXTRA_STEPS = min(STEPS, 8)  # the combinations beyond the list: fewer, to save time
 RESUME_AT, RESUMED_STEPS = STEPS // 2, 3  # resumed runs train steps RESUME_AT + 1 .. + 3
@@ -145,7 +146,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, data_cache_dir: Path) -> dict
     launch = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
          str(driver), str(plan)],
-        env=clean_env(PYTHONPATH=str(Path.cwd())), capture_output=True, text=True, timeout=600,
+        env=clean_env(PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert launch.returncode == 0, launch.stdout[-5000:] + launch.stderr[-5000:]
     losses = {s["name"]: read_losses(Path(s["metrics"])) for s in scenarios}
