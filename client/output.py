@@ -37,7 +37,8 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
 
 
 def fail(message: str, code: int = Exit.ERROR) -> NoReturn:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    # soft_wrap: one line, whatever the terminal width, so scripts can grep it.
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

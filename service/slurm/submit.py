@@ -61,12 +61,16 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
     }
     if req.nodelist:
         params["nodelist"] = req.nodelist
-    extra: dict[str, Any] = {"nice": req.nice} if req.nice else {}
+    # submitit asks Slurm for USR2 before the time limit and handles it in its wrapper by
+    # requeueing or failing the job under us. The service stops segments itself, through the
+    # ranks' progress replies (reconcile/preemption.py); SIGURG is ignored by every process.
+    extra: dict[str, Any] = {"signal": "URG@15"}
+    if req.nice:
+        extra["nice"] = req.nice
     if req.reservation:
         # The run's own reservation keeps its nodes between attempts (see reservations.py).
         extra["reservation"] = req.reservation
-    if extra:
-        params["additional_parameters"] = extra
+    params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
     params["setup"] = [f'export RUNYARD_TOKEN="$(cat {shlex.quote(str(req.token_file))})"']
     return params

@@ -67,6 +67,7 @@ def test_prod_run_preempts_a_scavenger_run(
                 (client.get_run(scavenger)["last_step"] or 0) >= 45
                 and [c for c in client.run_checkpoints(scavenger) if c["state"] == "COMMITTED"]
             ),
+            timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
         assert first
         prod = client.submit_run(tiny_spec("prod", steps=60, priority="prod"))["id"]
