@@ -135,4 +135,5 @@ def test_a_run_longer_than_its_time_limit_runs_as_segments(
     assert steps == list(range(1, 261)), "every step trained exactly once across segments"
     assert final["goodput"]["lost"]["segment_boundaries_s"] > 0
     kinds = [e["kind"] for e in client.run_events(run_id)]
-    assert kinds.count("attempt.stop_requested") == len(stopped)
+    # The last segment may be asked to stop as it finishes its final step: it then succeeds.
+    assert kinds.count("attempt.stop_requested") in (len(stopped), len(stopped) + 1)
