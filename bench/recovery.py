@@ -48,10 +48,15 @@ def wait(what: str, probe: Any, timeout_s: float = 120.0) -> Any:
 def one_round(client: RunyardClient, dev: DevCluster, run_id: int) -> dict[str, float]:
     committed = lambda: [c["step"] for c in client.run_checkpoints(run_id)  # noqa: E731
                          if c["state"] == "COMMITTED"]
+    def training_past_a_commit() -> bool:
+        run = client.get_run(run_id)
+        steps = committed()
+        return bool(run["attempts"] and run["attempts"][-1]["state"] == "RUNNING" and steps
+                    and (run["last_step"] or 0) >= max(steps) + 3
+                    and run["attempts"][-1]["first_step"] is not None)
+
+    wait("a running attempt with a commit", training_past_a_commit)
     before = len(client.get_run(run_id)["attempts"])
-    wait("a running attempt with a commit", lambda: client.get_run(run_id)["attempts"][-1][
-        "state"] == "RUNNING" and committed() and (client.get_run(run_id)["last_step"] or 0)
-        >= max(committed()) + 3)
     wait("a spare", lambda: client.get_spares()["members"])
     node = client.get_run(run_id)["nodes"][-1]
     inject_xid_79(dev.kern_log(node), pid=0)

@@ -9,6 +9,7 @@ By hand, under srun:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from worker.config import ExitCode
@@ -61,6 +62,18 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
             reporter.close()
     except DoNotRetryError as exc:
         print(f"runyard worker: {exc}", file=sys.stderr, flush=True)
+        # The exit code alone does not reach the service (submitit's wrapper turns every
+        # failure into 1), so say it: recovery must not burn restarts on a bad spec.
+        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+        node = os.environ.get("SLURMD_NODENAME", "")
+        post_error(
+            service_url,
+            attempt_id,
+            rank=rank,
+            node=node,
+            kind="worker:do_not_retry",
+            message=str(exc),
+        )
         sys.exit(ExitCode.DO_NOT_RETRY)
 
 

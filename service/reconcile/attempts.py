@@ -36,13 +36,14 @@ from service.recovery.restart import end_attempt_and_restart
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import resolve
+from service.runs.service import resolve, run_folder
 from service.slurm import commands
 from service.slurm.commands import JobStatus, SlurmError
 from service.slurm.placement import choose_nodes, placement_cost
 from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
+from worker.config import ExitCode
 
 log = logging.getLogger(__name__)
 # Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.
@@ -234,7 +235,7 @@ def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     session.add(attempt)
     session.flush()
     attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
-    attempt.job_folder = str(settings.jobs_dir / f"run-{run.id:06d}" / f"attempt-{number:03d}")
+    attempt.job_folder = str(settings.jobs_dir / run_folder(run) / f"attempt-{number:03d}")
     resume = f"resuming from step {newest.step}" if newest else "starting from scratch"
     record_event(
         session,
@@ -362,6 +363,8 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     """The job left Slurm: succeed only if the worker said it finished; else maybe restart."""
     slurm_state = status.state if status else "UNKNOWN (slurmctld forgot the job)"
     exit_code = status.exit_code if status else None
+    if attempt.exit_code == ExitCode.DO_NOT_RETRY:  # the worker said so (workers/service.py)
+        exit_code = ExitCode.DO_NOT_RETRY
     if attempt.stop_reason and exit_code == 0 and run.final_step != run.total_steps:
         # We asked it to stop and it left cleanly after its checkpoint: a yield, not a failure.
         attempt_stopped(session, run, attempt, f"Slurm job {slurm_state}")

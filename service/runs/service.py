@@ -26,6 +26,13 @@ def model_shape(spec: RunSpec) -> ModelShape:
     return shape
 
 
+def run_folder(run: Run) -> str:
+    """The run's folder name under the checkpoint and job roots. The creation time makes it
+    unique even if ids restart (a new database over old folders must never resume from, or
+    prune against, another run's checkpoints)."""
+    return f"run-{run.id:06d}-{run.created_at:%Y%m%dT%H%M%S}"
+
+
 def fp8_available() -> bool:
     """FP8 needs GPUs with FP8 tensor cores (H100/H200); refuse it before any rank starts."""
     settings = get_settings()
@@ -211,7 +218,7 @@ def worker_config(
         seed=spec.seed,
         checkpoint_every=spec.checkpoint_every,
         keep_checkpoints=spec.keep_checkpoints,
-        checkpoint_dir=str(settings.checkpoints_dir / f"run-{run.id:06d}"),
+        checkpoint_dir=str(settings.checkpoints_dir / run_folder(run)),
         data=spec.data,
         data_cache_dir=str(settings.data_cache_dir),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,

@@ -56,7 +56,7 @@ class ErrorReport(_In):
     rank: int = Field(ge=0)
     node: str = Field(default="", max_length=64)
     kind: str = Field(
-        pattern=r"^nccl:[a-z_]+$",
+        pattern=r"^(nccl|worker):[a-z_]+$",
         max_length=48,
         description="nccl:watchdog_timeout, nccl:remote_error, nccl:system_error, "
         "nccl:internal_error, nccl:connection_reset",

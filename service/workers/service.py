@@ -27,6 +27,7 @@ from service.workers.schemas import (
     FinishReport,
     ProgressReport,
 )
+from worker.config import ExitCode
 
 
 def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:
@@ -150,6 +151,9 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
     only makes the cause visible, and never drains the node on its own.
     """
     attempt, run = live_attempt_and_run(session, attempt_id)
+    if report.kind == "worker:do_not_retry":
+        # Read when the job ends (reconcile/attempts.py): the run fails instead of retrying.
+        attempt.exit_code = ExitCode.DO_NOT_RETRY
     record_event(
         session,
         run,
