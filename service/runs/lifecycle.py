@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from service.models import Attempt, AttemptState, Run, RunEvent, RunState
+from service.models import (
+    Attempt,
+    AttemptState,
+    Incident,
+    IncidentState,
+    Run,
+    RunEvent,
+    RunState,
+)
 from service.models.base import utcnow
 from service.observability.metrics import count_run_event
 
@@ -33,7 +42,10 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, set[AttemptState]] = {
         AttemptState.CANCELLED,
     },
     AttemptState.RUNNING: {
-        AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED, AttemptState.STOPPED
+        AttemptState.SUCCEEDED,
+        AttemptState.FAILED,
+        AttemptState.CANCELLED,
+        AttemptState.STOPPED,
     },
     AttemptState.SUCCEEDED: set(),
     AttemptState.FAILED: set(),
@@ -80,6 +92,16 @@ def set_run_state(
         run.started_at = now
     if new.is_terminal:
         run.ended_at = now
+        # Nothing is left to recover once the run ended: close its incidents, so a new
+        # signal from the same node opens a new one instead of being taken for a repeat.
+        session.execute(
+            update(Incident)
+            .where(
+                Incident.run_id == run.id,
+                Incident.state.in_((IncidentState.OPEN, IncidentState.WAITING)),
+            )
+            .values(state=IncidentState.RESOLVED, resolved_at=now)
+        )
     record_event(
         session, run, f"run.{new.lower()}", reason, attempt, {"from": old.value, "to": new.value}
     )
