@@ -33,6 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from client.devcluster.cluster import DevCluster, default_state_dir  # noqa: E402
+from service.auth.bootstrap import mint_token_file  # noqa: E402
+from service.models import Role  # noqa: E402
 
 DATABASE = "runyard_bench"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -132,9 +134,11 @@ async def events(client: httpx.AsyncClient, until: float, lat: list[float]) -> i
     return accepted
 
 
-async def sustained(url: str, seconds: float) -> dict[str, float]:
+async def sustained(url: str, seconds: float, token: str) -> dict[str, float]:
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits,
+                                 headers=headers) as client:
         beat_lat: list[float] = []
         event_lat: list[float] = []
         start = time.monotonic()
@@ -151,10 +155,11 @@ async def sustained(url: str, seconds: float) -> dict[str, float]:
     }
 
 
-def leaf_burst(url: str) -> float:
+def leaf_burst(url: str, token: str) -> float:
     """All four nodes of leaf1 report Xid 79 at once: seconds until all are drained."""
     started = time.monotonic()
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
         for node in LEAF:
             client.post(f"/v1/nodes/{node}/events", json={"events": [{
                 "idempotency_key": str(uuid.uuid4()), "kind": "xid", "code": 79,
@@ -179,12 +184,16 @@ def main() -> None:
     port = free_port()
     url = fresh_database()
     with tempfile.TemporaryDirectory() as state:
+        # One admin token for the simulated fleet: 1,280 agent tokens would only add rows.
+        mint_token_file(url, Path(state) / "admin.token", user="bench", team="ops",
+                        role=Role.ADMIN)
+        token = (Path(state) / "admin.token").read_text().strip()
         proc = start_service(url, dev, port, Path(state))
         base = f"http://127.0.0.1:{port}"
         try:
-            figures = asyncio.run(sustained(base, args.seconds))
+            figures = asyncio.run(sustained(base, args.seconds, token))
             time.sleep(2)  # let the reconciler register the real nodes
-            figures["leaf_burst_to_all_drained_s"] = leaf_burst(base)
+            figures["leaf_burst_to_all_drained_s"] = leaf_burst(base, token)
         finally:
             proc.terminate()
             proc.wait(timeout=15)
