@@ -60,6 +60,13 @@ def test_prod_run_preempts_a_scavenger_run(
         conf=conf,
     ).strip()
     try:
+        # The other work runs first; only then is the scavenger placed on what is left.
+        wait_for(
+            "the other work to start",
+            lambda: (
+                slurm("squeue", "-h", "-j", blocker, "-o", "%T", conf=conf).strip() == "RUNNING"
+            ),
+        )
         scavenger = client.submit_run(spec)["id"]
         first = wait_for(
             "the scavenger training past a commit",
