@@ -74,10 +74,11 @@ def start_service(url: str, dev: DevCluster, port: int, state: Path) -> subproce
     env = {**os.environ, "RUNYARD_DATABASE_URL": url, "RUNYARD_PORT": str(port),
            "RUNYARD_STATE_DIR": str(state), "RUNYARD_SLURM_CONF": str(dev.slurm_conf),
            "SLURM_CONF": str(dev.slurm_conf), "RUNYARD_HEARTBEAT_SUSPECT_S": "60"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host",
-         "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=open(state / "svc.log", "wb"))
+    with open(state / "svc.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host",
+             "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
