@@ -221,6 +221,21 @@ def up(
     return cluster
 
 
+def service_argv(port: int) -> list[str]:
+    """How the service is started on loopback (the dev cluster and the tests alike)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "service.app:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
 def _service_healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
@@ -252,17 +267,7 @@ def _start_service(
         say(f"starting the service on {cluster.service_url}")
         table["service"] = spawn(
             "service",
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "service.app:create_app",
-                "--factory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(cluster.service_port),
-            ],
+            service_argv(cluster.service_port),
             log_dir / "service.out",
             env=cluster.service_env(),
         )

@@ -16,7 +16,7 @@ import pytest
 
 from client.api import RunyardClient
 from client.devcluster import cluster
-from client.devcluster.cluster import DevCluster
+from client.devcluster.cluster import DevCluster, service_argv
 from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
 
 
@@ -27,6 +27,12 @@ def free_port() -> int:
 
 
 SERVICE_PORT = free_port()
+
+
+def slurm(*args: str, conf: str) -> str:
+    """Run a Slurm client command against the dev cluster; its stdout."""
+    env = {**os.environ, "SLURM_CONF": conf}
+    return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
 
 
 @pytest.fixture(scope="session")
@@ -83,17 +89,7 @@ class ServiceProcess:
     def start(self) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "service.app:create_app",
-                    "--factory",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
+                service_argv(self.port),
                 env=self.env,
                 cwd=REPO_ROOT,
                 stdout=out,

@@ -9,24 +9,17 @@ in tests/unit/worker/test_worker_layouts.py; here the point is the whole path: t
 
 from __future__ import annotations
 
-import os
-import subprocess
 from typing import Any
 
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
-
-
-def slurm(*args: str, conf: str) -> str:
-    env = {**os.environ, "SLURM_CONF": conf}
-    return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
 
 
 def committed(client: RunyardClient, run_id: int) -> list[int]:

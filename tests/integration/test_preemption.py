@@ -3,23 +3,15 @@ resumes from that checkpoint on the same loss curve as an uninterrupted twin."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from datetime import datetime
 
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
-
-
-def slurm(*args: str, conf: str) -> str:
-    return subprocess.run(
-        list(args), capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
-    ).stdout
 
 
 def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) -> dict[int, float]:

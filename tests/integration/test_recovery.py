@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
-
-
-def slurm(*args: str, conf: str) -> str:
-    out = subprocess.run(
-        list(args), capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
-    )
-    return out.stdout
 
 
 def drain_reason(node: str, conf: str) -> str:
@@ -243,7 +235,8 @@ def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
         "--exclusive",
         f"-N{free}",
         f"--job-name=runyard-{TEST_DATABASE}-blocker",
-        "--output=/dev/null", "--wrap",
+        "--output=/dev/null",
+        "--wrap",
         "sleep 600",
         conf=conf,
     ).strip()
@@ -253,7 +246,8 @@ def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
         "--exclusive",
         "-N1",
         f"--job-name=runyard-{TEST_DATABASE}-waiting",
-        "--output=/dev/null", "--wrap",
+        "--output=/dev/null",
+        "--wrap",
         "sleep 1",
         conf=conf,
     ).strip()
