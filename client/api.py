@@ -59,6 +59,18 @@ class RunyardClient:
     def submit_run(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/runs", json=spec)
 
+    def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/sweeps", json=spec)
+
+    def list_sweeps(self, limit: int = 50) -> dict[str, Any]:
+        return self._call("GET", "/v1/sweeps", params={"limit": limit})
+
+    def get_sweep(self, sweep_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/sweeps/{sweep_id}")
+
+    def cancel_sweep(self, sweep_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/sweeps/{sweep_id}/cancel")
+
     def list_runs(self, state: str | None = None, limit: int = 50) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if state:

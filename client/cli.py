@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from client.commands import admin, dev, incident, node, plan, run, spare
+from client.commands import admin, dev, incident, node, plan, run, spare, sweep
 
 app = typer.Typer(
     help="runyard: training-run orchestration for Slurm clusters.",
@@ -12,6 +12,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(run.app, name="run")
+app.add_typer(sweep.app, name="sweep")
 app.add_typer(node.app, name="node")
 app.add_typer(spare.app, name="spare")
 app.add_typer(incident.app, name="incident")

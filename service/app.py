@@ -22,6 +22,7 @@ from service.plans.endpoints import router as plans_router
 from service.reconcile.loop import run_forever
 from service.runs.endpoints import router as runs_router
 from service.runs.logs import router as run_logs_router
+from service.sweeps.endpoints import router as sweeps_router
 from service.workers.endpoints import router as worker_router
 
 
@@ -59,6 +60,7 @@ def create_app() -> FastAPI:
     install_observability(app)
     app.include_router(runs_router)
     app.include_router(run_logs_router)
+    app.include_router(sweeps_router)
     app.include_router(nodes_router)
     app.include_router(worker_router)
     app.include_router(admin_router)

@@ -10,6 +10,7 @@ import typer
 import yaml
 
 from client.commands.common import call, fmt_float
+from client.commands.sweep import print_sweep
 from client.live.logs import show_logs
 from client.live.watch import watch_run
 from client.output import Exit, console, fail, hint, print_json, print_table, short_time
@@ -33,8 +34,16 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 @app.command()
 def submit(file: Path = typer.Argument(..., help="Run spec (YAML)."), json: bool = JSON) -> None:
-    """Submit a run from a YAML spec."""
-    run = call(lambda c: c.submit_run(load_spec(file)))
+    """Submit a run from a YAML spec; a spec with a `sweep:` grid becomes one job array."""
+    spec = load_spec(file)
+    if "sweep" in spec:
+        sweep = call(lambda c: c.submit_sweep(spec))
+        if json:
+            return print_json(sweep)
+        print_sweep(sweep)
+        hint(f"runyard sweep show {sweep['id']}")
+        return
+    run = call(lambda c: c.submit_run(spec))
     if json:
         return print_json(run)
     layout = run["layout"]

@@ -14,6 +14,7 @@ from service.models.run import (
     RunEvent,
     RunState,
 )
+from service.models.sweep import Sweep
 
 __all__ = [
     "ApiToken",
@@ -35,5 +36,6 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunState",
+    "Sweep",
     "Team",
 ]

@@ -48,8 +48,12 @@ class AttemptState(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED,
-                        AttemptState.STOPPED)
+        return self in (
+            AttemptState.SUCCEEDED,
+            AttemptState.FAILED,
+            AttemptState.CANCELLED,
+            AttemptState.STOPPED,
+        )
 
 
 class CheckpointState(StrEnum):
@@ -69,8 +73,7 @@ class Run(Timestamped, Base):
     name: Mapped[str] = mapped_column(String(128))
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     team: Mapped[str] = mapped_column(String(64), default="", server_default="", index=True)
-    priority: Mapped[str] = mapped_column(String(16), default="research",
-                                          server_default="research")
+    priority: Mapped[str] = mapped_column(String(16), default="research", server_default="research")
     state: Mapped[RunState] = mapped_column(_enum(RunState, "run_state"), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)  # as the user submitted it
@@ -93,6 +96,12 @@ class Run(Timestamped, Base):
     last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A sweep member's first attempt is one task of the sweep's job array (reconcile/sweeps.py).
+    sweep_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), index=True
+    )
+    sweep_index: Mapped[int | None] = mapped_column(Integer)
+    sweep_params: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # its grid point
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="run", lazy="raise", order_by="Attempt.number"

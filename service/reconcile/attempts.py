@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.auth.service import create_token
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.db import session_scope
 from service.errors import InvalidSpec
 from service.models import (
@@ -72,7 +72,7 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
         runs = [
             r
             for r in repository.runs_in_states(session, [RunState.PENDING])
-            if repository.live_attempt(r) is None and len(r.nodes) < r.num_nodes
+            if repository.needs_placement(r)
         ]
         # Higher priority first; within a class, first come first served.
         runs.sort(key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
@@ -99,30 +99,44 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 _wait_for_nodes(session, run, need, len(free))
                 continue
             taken.update(chosen)
-            run.nodes = [*run.nodes, *chosen]
-            run.reservation = run_reservation(settings.slurm_job_prefix, run.id)
-            layout = run.config["layout"]
-            cost = placement_cost(
-                run.nodes,
-                {n: nodes[n].switch for n in run.nodes if n in nodes},
-                ranks_per_node=run.gpus_per_node,
-                tp=layout["tp"],
-                cp=layout["cp"],
-                pp=layout["pp"],
-            )
-            run.config = {**run.config, "placement": {"nodes": run.nodes, **cost}}
-            record_event(
-                session,
-                run,
-                "run.placed",
-                f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} leaf switch(es), "
-                f"{cost['cross_switch_pipeline_edges']} cross-switch pipeline edge(s)",
-                data={
-                    "nodes": run.nodes,
-                    **cost,
-                    "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
-                },
-            )
+            _hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
+
+
+def _hold_nodes(
+    session: Session, run: Run, held: list[str], nodes: dict[str, Node], prefix: str
+) -> None:
+    """The run holds `held` from now on (through its own reservation); record the cost."""
+    run.nodes = held
+    run.reservation = run_reservation(prefix, run.id)
+    layout = run.config["layout"]
+    cost = placement_cost(
+        run.nodes,
+        {n: nodes[n].switch for n in run.nodes if n in nodes},
+        ranks_per_node=run.gpus_per_node,
+        tp=layout["tp"],
+        cp=layout["cp"],
+        pp=layout["pp"],
+    )
+    run.config = {**run.config, "placement": {"nodes": run.nodes, **cost}}
+    record_event(
+        session,
+        run,
+        "run.placed",
+        f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} leaf switch(es), "
+        f"{cost['cross_switch_pipeline_edges']} cross-switch pipeline edge(s)",
+        data={
+            "nodes": run.nodes,
+            **cost,
+            "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
+        },
+    )
+
+
+def adopt_array_nodes(session: Session, run: Run, allocated: list[str]) -> None:
+    """Slurm placed a sweep's array task: from here on the run holds those nodes like any
+    other run, so a failure is recovered onto a spare and retries keep the healthy nodes."""
+    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(allocated)))}
+    _hold_nodes(session, run, list(allocated), nodes, get_settings().slurm_job_prefix)
 
 
 def _wait_for_nodes(session: Session, run: Run, need: int, free: int) -> None:
@@ -163,7 +177,7 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 continue
             attempt = repository.live_attempt(run)
             if attempt is None:
-                attempt = _new_attempt(session, run, settings)
+                attempt = new_attempt(session, run, settings)
             if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
                 todo.append(_request(run, attempt))
     if not todo:
@@ -172,7 +186,7 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
     # have submitted: find such jobs by their unique name instead of submitting twice.
     orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
     for req in todo:
-        write_token_file(req, _mint_worker_token(req))
+        write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
         try:
             if req.reservation:
                 ensure_reservation(req.reservation, req.nodelist.split(","), snapshot.reservations)
@@ -197,16 +211,14 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 
-def _mint_worker_token(req: AttemptRequest) -> str:
+def mint_worker_token(run_id: int, attempt_id: int) -> str:
     """A token valid for this attempt only; it dies with the attempt (see auth/deps.py).
     Earlier ones for the same attempt (a submission retried after a crash) are revoked."""
     with session_scope() as session:
-        run = repository.get_run(session, req.run_id)
+        run = repository.get_run(session, run_id)
         assert run is not None
         for old in session.scalars(
-            select(ApiToken).where(
-                ApiToken.attempt_id == req.attempt_id, ApiToken.revoked_at.is_(None)
-            )
+            select(ApiToken).where(ApiToken.attempt_id == attempt_id, ApiToken.revoked_at.is_(None))
         ):
             old.revoked_at = utcnow()
         _, secret = create_token(
@@ -215,12 +227,12 @@ def _mint_worker_token(req: AttemptRequest) -> str:
             team=run.team or "runyard",
             role=Role.WORKER,
             run_id=run.id,
-            attempt_id=req.attempt_id,
+            attempt_id=attempt_id,
         )
     return secret
 
 
-def _new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
+def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     number = len(run.attempts) + 1
     newest = repository.newest_committed_checkpoint(session, run.id)
     attempt = Attempt(
@@ -347,6 +359,8 @@ def _apply(session: Session, obs: _Observed) -> None:
     status = obs.status
     if status is not None and obs.nodes:
         attempt.node_list, attempt.nodes = status.node_list, obs.nodes
+        if run.sweep_id is not None and not run.nodes:
+            adopt_array_nodes(session, run, obs.nodes)
     if status is not None and status.is_live:
         if status.state == "RUNNING" and attempt.state == AttemptState.PENDING:
             set_attempt_state(session, run, attempt, AttemptState.RUNNING, f"on {status.node_list}")

@@ -20,7 +20,7 @@ from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
-from service.reconcile import attempts, preemption
+from service.reconcile import attempts, preemption, sweeps
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -64,8 +64,10 @@ class Reconciler:
             ("stop deadlines", preemption.enforce_stop_deadlines),
             ("run reservations", lambda: preemption.sync_run_reservations(snapshot)),
             ("submission", lambda: attempts.submit_pending(self.settings, snapshot)),
+            ("sweeps", lambda: sweeps.submit_sweeps(self.settings)),
             ("cancellation", attempts.stop_cancelling),
             ("job states", attempts.poll_attempts),
+            ("array nodes", lambda: sweeps.hold_array_nodes(snapshot)),
             ("release", lambda: attempts.release_ended_runs(snapshot)),
         ]
         for name, step in steps:

@@ -44,7 +44,7 @@ def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
         waiting = [
             r
             for r in repository.runs_in_states(session, [RunState.PENDING])
-            if repository.live_attempt(r) is None and len(r.nodes) < r.num_nodes
+            if repository.needs_placement(r)
         ]
         running = [r for r in repository.runs_in_states(session, [RunState.RUNNING])]
         stopping = {

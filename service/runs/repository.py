@@ -55,6 +55,28 @@ def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run
     return session.scalars(stmt).all()
 
 
+def sweep_runs(session: Session, sweep_id: int) -> Sequence[Run]:
+    stmt = (
+        select(Run)
+        .where(Run.sweep_id == sweep_id)
+        .options(selectinload(Run.attempts))
+        .order_by(Run.sweep_index)
+    )
+    return session.scalars(stmt).all()
+
+
+def awaits_sweep_array(run: Run) -> bool:
+    """A sweep member's first attempt is a task of the sweep's job array, not placed by us."""
+    return run.sweep_id is not None and not run.attempts
+
+
+def needs_placement(run: Run) -> bool:
+    """A PENDING run that lacks nodes for its next attempt (and has none queued)."""
+    return (
+        live_attempt(run) is None and len(run.nodes) < run.num_nodes and not awaits_sweep_array(run)
+    )
+
+
 def get_attempt(session: Session, attempt_id: int, *, for_update: bool = False) -> Attempt | None:
     stmt = select(Attempt).where(Attempt.id == attempt_id)
     if for_update:

@@ -86,6 +86,16 @@ class RunSpec(_Spec):
         default=60 * 24, ge=1, le=60 * 24 * 365, description="Slurm time limit per attempt."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grid_here(cls, data: Any) -> Any:
+        if cls is RunSpec and isinstance(data, dict) and "sweep" in data:
+            raise ValueError(
+                "a spec with a sweep grid is a sweep: POST it to /v1/sweeps "
+                "(`runyard run submit` does this for you)"
+            )
+        return data
+
     @model_validator(mode="after")
     def _min_nodes_fit(self) -> RunSpec:
         if self.min_nodes is not None and self.min_nodes > self.nodes:

@@ -75,10 +75,16 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
 
 
 def create_run(
-    session: Session, spec: RunSpec, settings: Settings, principal: Principal | None = None
+    session: Session,
+    spec: RunSpec,
+    settings: Settings,
+    principal: Principal | None = None,
+    *,
+    quota: bool = True,
 ) -> Run:
+    """Resolve, plan and admit one run; `quota=False` when the caller checked it for a group."""
     shape, layout = resolve(spec)
-    if principal is not None:
+    if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     planned = admit(
         shape,

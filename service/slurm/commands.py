@@ -113,6 +113,13 @@ def jobs_by_name(prefix: str) -> dict[str, str]:
     return found
 
 
+def array_job_by_name(name: str) -> str | None:
+    """The id of the live job array named `name` (adopts one submitted before a crash)."""
+    out = run_slurm(["squeue", "-h", "-r", "-n", name, "-o", "%F"], check=False)
+    ids = {line.strip() for line in out.splitlines() if line.strip()}
+    return min(ids, key=int) if ids else None
+
+
 def show_job(job_id: str) -> JobStatus | None:
     """A job slurmctld still remembers (live or ended), or None if it forgot it."""
     out = run_slurm(["scontrol", "show", "job", "-o", job_id], check=False)

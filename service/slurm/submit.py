@@ -36,13 +36,47 @@ class AttemptRequest:
         """The attempt's worker token (mode 0600), read by the batch script at start."""
         return self.job_folder / "worker.token"
 
+    @property
+    def token_setup(self) -> str:
+        return f'export RUNYARD_TOKEN="$(cat {shlex.quote(str(self.token_file))})"'
+
+
+@dataclass(frozen=True)
+class ArrayRequest:
+    """One job array for a sweep: task i is the first attempt `attempt_ids[i]`."""
+
+    sweep_id: int
+    attempt_ids: tuple[int, ...]
+    run_ids: tuple[int, ...]  # run_ids[i] owns attempt_ids[i]
+    job_name: str
+    job_folder: Path
+    num_nodes: int
+    ranks_per_node: int
+    time_limit_min: int
+    max_parallel: int
+    nice: int = 0
+    nodelist: str = ""  # array tasks are placed by Slurm; retries are placed by runyard
+    reservation: str | None = None
+
+    def token_file(self, task: int) -> Path:
+        return self.job_folder / "tokens" / f"{task}.token"
+
+    @property
+    def token_setup(self) -> str:
+        tokens = shlex.quote(str(self.job_folder / "tokens"))
+        return f'export RUNYARD_TOKEN="$(cat {tokens}/"$SLURM_ARRAY_TASK_ID".token)"'
+
 
 def job_name(prefix: str, run_id: int, attempt_id: int) -> str:
     """Stable and unique, so a service that crashed mid-submit can find the job again."""
     return f"{prefix}-r{run_id}-a{attempt_id}"
 
 
-def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]:
+def sweep_job_name(prefix: str, sweep_id: int) -> str:
+    return f"{prefix}-s{sweep_id}"
+
+
+def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) -> dict[str, Any]:
     """The one source of truth for how an attempt is asked of Slurm."""
     params: dict[str, Any] = {
         "job_name": req.job_name,
@@ -72,7 +106,10 @@ def sbatch_parameters(req: AttemptRequest, settings: Settings) -> dict[str, Any]
         extra["reservation"] = req.reservation
     params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
-    params["setup"] = [f'export RUNYARD_TOKEN="$(cat {shlex.quote(str(req.token_file))})"']
+    params["setup"] = [req.token_setup]
+    if isinstance(req, ArrayRequest):
+        # submitit turns a batch of submissions into `--array=0-(n-1)%array_parallelism`.
+        params["array_parallelism"] = req.max_parallel
     return params
 
 
@@ -90,9 +127,9 @@ def worker_command(settings: Settings, attempt_id: int) -> list[str]:
     ]
 
 
-def write_token_file(req: AttemptRequest, token: str) -> None:
-    req.job_folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(req.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_token_file(path: Path, token: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
 
@@ -109,3 +146,20 @@ def submit_attempt(req: AttemptRequest, settings: Settings) -> str:
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
         raise SlurmError(f"sbatch of {req.job_name} failed: {exc}") from exc
     return str(job.job_id)
+
+
+def submit_array(req: ArrayRequest, settings: Settings) -> str:
+    """sbatch one job array, task i running attempt `attempt_ids[i]`; returns the array's
+    job id (task i is `<id>_<i>`). Never call inside a DB transaction."""
+    req.job_folder.mkdir(parents=True, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
+    executor.update_parameters(**sbatch_parameters(req, settings))
+    try:
+        with executor.batch():
+            jobs = [
+                executor.submit(CommandFunction(worker_command(settings, a), verbose=True))
+                for a in req.attempt_ids
+            ]
+    except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
+        raise SlurmError(f"sbatch of the job array {req.job_name} failed: {exc}") from exc
+    return str(jobs[0].job_id).partition("_")[0]

@@ -1,0 +1,151 @@
+"""Submit each sweep's first attempts as one Slurm job array, and hold what Slurm gave them.
+
+The same two-transaction rule as attempts.py: the attempts (and their order in the array)
+are recorded before sbatch, so a service that dies mid-submit finds the array by its unique
+name and maps its tasks back instead of submitting twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import select
+
+from service.config import Settings
+from service.db import session_scope
+from service.models import AttemptState, Run, RunState, Sweep
+from service.models.base import utcnow
+from service.reconcile.attempts import NICE_BY_PRIORITY, mint_worker_token, new_attempt
+from service.recovery import timeline
+from service.runs import repository
+from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.schemas import RunSpec
+from service.slurm import commands
+from service.slurm.commands import SlurmError
+from service.slurm.reservations import ensure_reservation
+from service.slurm.snapshot import ClusterSnapshot
+from service.slurm.submit import ArrayRequest, submit_array, write_token_file
+
+log = logging.getLogger(__name__)
+
+
+def submit_sweeps(settings: Settings) -> None:
+    """One sbatch --array per sweep not yet queued; task i is its i-th still-pending run."""
+    for req in _prepare(settings):
+        for task, (run_id, attempt_id) in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
+            write_token_file(req.token_file(task), mint_worker_token(run_id, attempt_id))
+        try:
+            array_id = commands.array_job_by_name(req.job_name) or submit_array(req, settings)
+        except SlurmError as exc:
+            _array_failed(req, str(exc))
+            continue
+        _record_array(req, array_id)
+        log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
+
+
+def _prepare(settings: Settings) -> list[ArrayRequest]:
+    """Create the first attempts (SUBMITTING) of every unsubmitted sweep, in array order."""
+    todo = []
+    with session_scope() as session:
+        sweeps = session.scalars(
+            select(Sweep).where(Sweep.submitted_at.is_(None)).order_by(Sweep.id).with_for_update()
+        ).all()
+        for sweep in sweeps:
+            runs = repository.sweep_runs(session, sweep.id)
+            run_of = {a.id: r.id for r in runs for a in r.attempts}
+            if not sweep.array_attempt_ids:
+                waiting = [r for r in runs if r.state == RunState.PENDING and not r.attempts]
+                if not waiting:  # every member was cancelled before it was queued
+                    sweep.submitted_at = utcnow()
+                    continue
+                attempts = []
+                for run in waiting:
+                    attempt = new_attempt(session, run, settings)
+                    attempt.job_name, attempt.job_folder = sweep.job_name, sweep.job_folder
+                    attempts.append(attempt)
+                    run_of[attempt.id] = run.id
+                sweep.array_attempt_ids = [a.id for a in attempts]
+            spec = RunSpec.model_validate(runs[0].spec)
+            todo.append(
+                ArrayRequest(
+                    sweep_id=sweep.id,
+                    attempt_ids=tuple(sweep.array_attempt_ids),
+                    run_ids=tuple(run_of[a] for a in sweep.array_attempt_ids),
+                    job_name=sweep.job_name,
+                    job_folder=Path(sweep.job_folder),
+                    num_nodes=spec.nodes,
+                    ranks_per_node=spec.gpus_per_node,
+                    time_limit_min=spec.time_limit_min,
+                    max_parallel=sweep.max_parallel,
+                    nice=NICE_BY_PRIORITY.get(spec.priority, 0),
+                )
+            )
+    return todo
+
+
+def _record_array(req: ArrayRequest, array_id: str) -> None:
+    """Task i is job `<array>_<i>`. A member cancelled while sbatch ran loses its task."""
+    cancelled = []
+    with session_scope() as session:
+        sweep = session.get(Sweep, req.sweep_id, with_for_update=True)
+        assert sweep is not None
+        sweep.slurm_array_job_id, sweep.submitted_at = array_id, utcnow()
+        for task, attempt_id in enumerate(req.attempt_ids):
+            job_id = f"{array_id}_{task}"
+            locked = repository.lock_run_and_attempt(session, attempt_id)
+            if locked is None or locked[1].state != AttemptState.SUBMITTING:
+                cancelled.append(job_id)
+                continue
+            run, attempt = locked
+            if run.state != RunState.PENDING:
+                cancelled.append(job_id)
+                continue
+            attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
+            set_attempt_state(
+                session,
+                run,
+                attempt,
+                AttemptState.PENDING,
+                f"Slurm job {job_id} queued: task {task} of sweep {req.sweep_id}'s job array "
+                f"(at most {req.max_parallel} at once)",
+            )
+            timeline.attempt_submitted(session, run.id)
+    for job_id in cancelled:
+        commands.scancel(job_id)
+
+
+def _array_failed(req: ArrayRequest, reason: str) -> None:
+    """sbatch refused the array: every member fails with Slurm's reason (nothing is queued)."""
+    with session_scope() as session:
+        sweep = session.get(Sweep, req.sweep_id, with_for_update=True)
+        assert sweep is not None
+        sweep.submitted_at = utcnow()
+        for attempt_id in req.attempt_ids:
+            locked = repository.lock_run_and_attempt(session, attempt_id)
+            if locked is None or locked[1].state.is_terminal:
+                continue
+            run, attempt = locked
+            set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
+            if not run.state.is_terminal:
+                set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}")
+
+
+def hold_array_nodes(snapshot: ClusterSnapshot) -> None:
+    """A running array task's nodes go into its run's own reservation at once, so a failed
+    task's healthy nodes are not taken by other pending jobs before the retry is queued."""
+    with session_scope() as session:
+        want = [
+            (r.reservation, list(r.nodes))
+            for r in session.scalars(
+                select(Run).where(
+                    Run.sweep_id.is_not(None),
+                    Run.state == RunState.RUNNING,
+                    Run.reservation.is_not(None),
+                )
+            )
+        ]
+    for name, nodes in want:
+        assert name is not None
+        if nodes and name not in snapshot.reservations:
+            ensure_reservation(name, nodes, snapshot.reservations)
