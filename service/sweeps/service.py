@@ -26,29 +26,32 @@ def create_sweep(
     members = expand(spec)
     at_once = min(spec.sweep.max_parallel, len(members))
     check_quota(session, principal.team, at_once * spec.nodes * spec.gpus_per_node)
-    sweep = Sweep(
-        name=spec.name,
-        owner=principal.user,
-        team=principal.team,
-        spec=spec.model_dump(mode="json"),
-        max_parallel=spec.sweep.max_parallel,
-        array_attempt_ids=[],
-    )
-    session.add(sweep)
-    session.flush()
-    sweep.job_name = sweep_job_name(settings.slurm_job_prefix, sweep.id)
-    sweep.job_folder = str(
-        settings.jobs_dir / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
-    )
-    runs = []
-    for index, (point, member) in enumerate(members):
-        try:
-            run = create_run(session, member, settings, principal, quota=False)
-        except InvalidSpec as exc:
-            raise InvalidSpec(f"sweep.grid: the point {point} cannot run: {exc.detail}") from exc
-        run.sweep_id, run.sweep_index, run.sweep_params = sweep.id, index, point
-        runs.append(run)
-    session.flush()
+    with session.begin_nested():  # all of the sweep or none of it
+        sweep = Sweep(
+            name=spec.name,
+            owner=principal.user,
+            team=principal.team,
+            spec=spec.model_dump(mode="json"),
+            max_parallel=spec.sweep.max_parallel,
+            array_attempt_ids=[],
+        )
+        session.add(sweep)
+        session.flush()
+        sweep.job_name = sweep_job_name(settings.slurm_job_prefix, sweep.id)
+        sweep.job_folder = str(
+            settings.jobs_dir / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
+        )
+        runs = []
+        for index, (point, member) in enumerate(members):
+            try:
+                run = create_run(session, member, settings, principal, quota=False)
+            except InvalidSpec as exc:
+                raise InvalidSpec(
+                    f"sweep.grid: the point {point} cannot run: {exc.detail}"
+                ) from exc
+            run.sweep_id, run.sweep_index, run.sweep_params = sweep.id, index, point
+            runs.append(run)
+        session.flush()
     return sweep, runs
 
 

@@ -243,3 +243,25 @@ def agents(service: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) ->
     yield fleet
     for node in list(fleet.procs):
         fleet.stop(node)
+
+
+def drain_reason(node: str, conf: str) -> str:
+    return slurm("sinfo", "-h", "-R", "-n", node, "-o", "%E", conf=conf).strip()
+
+
+def committed(client: RunyardClient, run_id: int) -> list[int]:
+    return [c["step"] for c in client.run_checkpoints(run_id) if c["state"] != "WRITING"]
+
+
+@pytest.fixture
+def spare_pool(service: ServiceProcess, agents: Agents) -> Iterator[RunyardClient]:
+    """One spare reserved for the test; drained nodes resumed and the pool emptied after."""
+    client = service.client()
+    client.set_spares(1)
+    wait_for("a spare in the pool", lambda: client.get_spares()["members"])
+    yield client
+    client.set_spares(0)
+    for node in client.list_nodes():
+        if node["state"] in ("DRAINED", "DRAINING"):
+            client.resume_node(node["name"])
+    wait_for("the spare pool to empty", lambda: not client.get_spares()["members"])

@@ -3,39 +3,23 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
+from tests.integration.conftest import (
+    Agents,
+    ServiceProcess,
+    committed,
+    drain_reason,
+    slurm,
+    tiny_spec,
+)
 
 pytestmark = pytest.mark.integration
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
-
-
-def drain_reason(node: str, conf: str) -> str:
-    return slurm("sinfo", "-h", "-R", "-n", node, "-o", "%E", conf=conf).strip()
-
-
-def committed(client: RunyardClient, run_id: int) -> list[int]:
-    return [c["step"] for c in client.run_checkpoints(run_id) if c["state"] != "WRITING"]
-
-
-@pytest.fixture
-def spare_pool(service: ServiceProcess, agents: Agents) -> Iterator[RunyardClient]:
-    """One spare reserved for the test; drained nodes resumed and the pool emptied after."""
-    client = service.client()
-    client.set_spares(1)
-    wait_for("a spare in the pool", lambda: client.get_spares()["members"])
-    yield client
-    client.set_spares(0)
-    for node in client.list_nodes():
-        if node["state"] in ("DRAINED", "DRAINING"):
-            client.resume_node(node["name"])
-    wait_for("the spare pool to empty", lambda: not client.get_spares()["members"])
 
 
 def test_xid_79_drains_the_node_and_the_spare_takes_over(

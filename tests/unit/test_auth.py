@@ -37,6 +37,10 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/v1/runs/{run_id}/metrics"): USERS,
     ("GET", "/v1/runs/{run_id}/logs"): USERS,
     ("POST", "/v1/plans"): USERS,
+    ("POST", "/v1/sweeps"): USERS,
+    ("GET", "/v1/sweeps"): USERS,
+    ("GET", "/v1/sweeps/{sweep_id}"): USERS,
+    ("POST", "/v1/sweeps/{sweep_id}/cancel"): USERS,
     ("GET", "/v1/nodes"): USERS,
     ("GET", "/v1/nodes/{name}"): USERS,
     ("POST", "/v1/nodes/{name}/heartbeat"): AGENTS,
@@ -174,6 +178,7 @@ def concrete(path: str, world: World) -> str:
         "attempt_id": world.attempt_id,
         "name": world.node,
         "token_id": 999999,
+        "sweep_id": 999999,
         "team": "alpha",
     }
     return re.sub(r"\{(\w+)\}", lambda m: str(values[m.group(1)]), path)

@@ -30,3 +30,31 @@ def test_gres_gpu_counts() -> None:
     assert parse_gpus("gpu:h100:8(S:0-1)") == 8
     assert parse_gpus("(null)") == 0
     assert parse_gpus("gpu:4,gpu:a100:2") == 6
+
+
+def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path) -> None:
+    """What submitit writes for our array request: `--array=0-2%2`, and a token per task."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from service.config import get_settings
+    from service.slurm.submit import ArrayRequest, sbatch_parameters
+
+    req = ArrayRequest(
+        sweep_id=7,
+        attempt_ids=(11, 12, 13),
+        run_ids=(1, 2, 3),
+        job_name="runyard-x-s7",
+        job_folder=tmp_path / "sweep-000007",
+        num_nodes=1,
+        ranks_per_node=1,
+        time_limit_min=30,
+        max_parallel=2,
+    )
+    params = sbatch_parameters(req, get_settings())
+    assert "nodelist" not in params and "reservation" not in params["additional_parameters"]
+    script = _make_sbatch_string(command="true", folder=req.job_folder, map_count=3, **params)
+    assert "#SBATCH --array=0-2%2" in script
+    assert f"#SBATCH --output={req.job_folder}/%A_%a_0_log.out" in script
+    tokens = req.job_folder / "tokens"
+    assert f'export RUNYARD_TOKEN="$(cat {tokens}/"$SLURM_ARRAY_TASK_ID".token)"' in script
+    assert req.token_file(2) == tokens / "2.token"

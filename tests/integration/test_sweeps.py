@@ -1,0 +1,145 @@
+"""A sweep is one Slurm job array with a parallelism limit; its runs recover like any run."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from client.api import RunyardClient
+from tests.conftest import wait_for
+from tests.integration.conftest import (
+    Agents,
+    ServiceProcess,
+    committed,
+    drain_reason,
+    slurm,
+    tiny_spec,
+)
+
+pytestmark = pytest.mark.integration
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
+
+
+def sweep_spec(name: str, grid: dict[str, list[Any]], max_parallel: int, **run: Any) -> dict:
+    return {
+        **tiny_spec(name, nodes=1, **run),
+        "sweep": {"grid": grid, "max_parallel": max_parallel},
+    }
+
+
+def job_fields(job_id: str, conf: str) -> dict[str, str]:
+    line = slurm("scontrol", "show", "job", "-o", job_id, conf=conf)
+    return dict(t.partition("=")[::2] for t in line.split() if "=" in t)
+
+
+def queued(client: RunyardClient, sweep_id: int) -> dict:
+    return wait_for(
+        "the sweep's job array to be queued",
+        lambda: (s := client.get_sweep(sweep_id))["slurm_array_job_id"] and s,
+    )
+
+
+def test_a_sweep_is_one_job_array_that_runs_at_most_its_limit_at_once(
+    service: ServiceProcess, slurm_cluster
+) -> None:
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    grid = {"lr": [1e-3, 3e-3, 1e-2]}
+    sweep = client.submit_sweep(sweep_spec("sweep-limit", grid, max_parallel=2, steps=40))
+    array = queued(client, sweep["id"])["slurm_array_job_id"]
+
+    runs = client.get_sweep(sweep["id"])["runs"]
+    assert [r["slurm_job_id"] for r in runs] == [f"{array}_{i}" for i in range(3)]
+    for task, r in enumerate(runs):
+        fields = job_fields(r["slurm_job_id"], conf)
+        assert fields["ArrayJobId"] == array and fields["ArrayTaskId"] == str(task)
+    # The limit is Slurm's own (%2 on the array), not something runyard emulates.
+    assert "%2" in slurm("squeue", "-h", "-j", array, "-o", "%K", conf=conf) or any(
+        job_fields(f"{array}_{i}", conf).get("ArrayTaskThrottle") == "2" for i in range(3)
+    )
+
+    wait_for(
+        "every run of the sweep to succeed",
+        lambda: client.get_sweep(sweep["id"])["state"] == "SUCCEEDED",
+        timeout_s=240,
+    )
+    done = client.get_sweep(sweep["id"])
+    assert done["counts"] == {"SUCCEEDED": 3}
+    spans = []
+    for r in done["runs"]:
+        run = client.get_run(r["id"])
+        assert len(run["attempts"]) == 1 and run["spec"]["lr"] == r["params"]["lr"]
+        assert run["last_step"] == 40
+        fields = job_fields(r["slurm_job_id"], conf)
+        spans.append(
+            (datetime.fromisoformat(fields["StartTime"]), datetime.fromisoformat(fields["EndTime"]))
+        )
+    # Never three at once: the third task started only once one of the first two ended.
+    starts = sorted(spans)
+    assert starts[2][0] >= min(end for _, end in starts[:2])
+    # Different learning rates really reached the workers: three different losses.
+    assert len({r["last_loss"] for r in done["runs"]}) == 3
+
+
+def test_cancelling_a_sweep_cancels_its_queued_and_running_tasks(
+    service: ServiceProcess, slurm_cluster
+) -> None:
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    sweep = client.submit_sweep(
+        sweep_spec("sweep-cancel", {"seed": [1, 2, 3]}, max_parallel=1, steps=5000)
+    )
+    array = queued(client, sweep["id"])["slurm_array_job_id"]
+    wait_for(
+        "task 0 running", lambda: client.get_sweep(sweep["id"])["runs"][0]["state"] == "RUNNING"
+    )
+    assert "JobArrayTaskLimit" in slurm("squeue", "-h", "-r", "-j", array, "-o", "%r", conf=conf)
+
+    client.cancel_sweep(sweep["id"])
+    wait_for(
+        "every run CANCELLED",
+        lambda: client.get_sweep(sweep["id"])["counts"] == {"CANCELLED": 3},
+        timeout_s=60,
+    )
+    assert slurm("squeue", "-h", "-r", "-j", array, conf=conf).strip() == ""
+
+
+def test_a_sweep_run_whose_node_fails_moves_to_a_spare(
+    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    """Slurm placed the array task; from then on the run holds its node like any run does."""
+    client, conf = spare_pool, str(slurm_cluster.slurm_conf)
+    spare = client.get_spares()["members"][0]
+    sweep = client.submit_sweep(
+        sweep_spec("sweep-xid", {"seed": [1, 2]}, max_parallel=2, steps=300)
+    )
+    queued(client, sweep["id"])
+    victim, other = (r["id"] for r in client.get_sweep(sweep["id"])["runs"])
+    first_commit = wait_for("a committed checkpoint", lambda: committed(client, victim))[0]
+    wait_for("steps past it", lambda: (client.get_run(victim)["last_step"] or 0) > first_commit)
+    run = client.get_run(victim)
+    (bad,) = run["nodes"]
+    assert run["attempts"][0]["nodes"] == [bad] and spare != bad
+
+    agents.append(bad, XID_79.format(pid=os.getpid()))
+
+    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    second = wait_for(
+        "attempt 2 running on the spare",
+        lambda: next(
+            (a for a in client.get_run(victim)["attempts"][1:] if a["state"] == "RUNNING"), None
+        ),
+        timeout_s=60,
+    )
+    assert second["nodes"] == [spare]
+    assert "_" not in second["slurm_job_id"]  # a retry is an ordinary submission
+    assert second["resume_step"] is not None and second["resume_step"] >= first_commit
+    wait_for(
+        "both runs to succeed",
+        lambda: client.get_sweep(sweep["id"])["state"] == "SUCCEEDED",
+        timeout_s=240,
+    )
+    assert len(client.get_run(other)["attempts"]) == 1
+    assert client.get_run(victim)["num_hardware_restarts"] == 1
