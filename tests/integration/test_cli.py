@@ -72,3 +72,25 @@ def test_unreachable_service_says_how_to_fix_it() -> None:
     assert result.exit_code == Exit.UNREACHABLE
     assert "cannot reach the runyard service" in result.output
     assert "runyard dev up" in result.output
+
+
+def test_a_spec_with_a_grid_is_submitted_as_a_sweep(service: ServiceProcess) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-sweep.yaml"
+    code, out = cli(service, "run", "submit", str(example))
+    assert code == 0, out
+    assert "4 runs, at most 2 at once" in out and "lr=0.001 seed=1" in out
+    code, out = cli(service, "sweep", "list", "--json")
+    sweep = json.loads(out)["items"][0]
+    assert code == 0 and sweep["name"] == "tiny-sweep" and sum(sweep["counts"].values()) == 4
+    code, out = cli(service, "sweep", "cancel", str(sweep["id"]))
+    assert code == 0 and "cancelling" in out
+    wait_for(
+        "the sweep cancelled",
+        lambda: (
+            json.loads(cli(service, "sweep", "show", str(sweep["id"]), "--json")[1])["state"]
+            == "CANCELLED"
+        ),
+        timeout_s=60,
+    )
+    code, out = cli(service, "sweep", "cancel", str(sweep["id"]))
+    assert code == Exit.ERROR and "already ended" in out
