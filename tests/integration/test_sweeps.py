@@ -143,3 +143,33 @@ def test_a_sweep_run_whose_node_fails_moves_to_a_spare(
     )
     assert len(client.get_run(other)["attempts"]) == 1
     assert client.get_run(victim)["num_hardware_restarts"] == 1
+
+
+def test_an_array_submitted_before_a_crash_is_found_again_by_its_name(
+    slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What submit_sweeps relies on to never submit a sweep twice."""
+    from service.slurm import commands
+
+    conf = str(slurm_cluster.slurm_conf)
+    name = f"runyard-adopt-probe-{os.getpid()}"
+    array = slurm(
+        "sbatch",
+        "--parsable",
+        "--array=0-2%1",
+        "-N1",
+        "-t",
+        "2",
+        "-J",
+        name,
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 30",
+        conf=conf,
+    ).strip()
+    try:
+        monkeypatch.setenv("SLURM_CONF", conf)
+        assert commands.array_job_by_name(name) == array
+        assert commands.array_job_by_name(name + "-other") is None
+    finally:
+        slurm("scancel", array, conf=conf)
