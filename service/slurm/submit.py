@@ -110,6 +110,10 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
     if isinstance(req, ArrayRequest):
         # submitit turns a batch of submissions into `--array=0-(n-1)%array_parallelism`.
         params["array_parallelism"] = req.max_parallel
+        if req.num_nodes > 1:
+            # Slurm places array tasks, not us: ask for one leaf switch per task, waiting up
+            # to five minutes for it (Slurm's max_switch_wait caps this) before taking more.
+            extra["switches"] = "1@05:00"
     return params
 
 

@@ -34,6 +34,8 @@ def test_gres_gpu_counts() -> None:
 
 def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path) -> None:
     """What submitit writes for our array request: `--array=0-2%2`, and a token per task."""
+    from dataclasses import replace
+
     from submitit.slurm.slurm import _make_sbatch_string
 
     from service.config import get_settings
@@ -58,3 +60,6 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     tokens = req.job_folder / "tokens"
     assert f'export RUNYARD_TOKEN="$(cat {tokens}/"$SLURM_ARRAY_TASK_ID".token)"' in script
     assert req.token_file(2) == tokens / "2.token"
+    assert "--switches" not in script  # one node per task: nothing to keep together
+    wide = sbatch_parameters(replace(req, num_nodes=4), get_settings())
+    assert wide["additional_parameters"]["switches"] == "1@05:00"
