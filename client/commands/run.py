@@ -105,6 +105,9 @@ def show(run_id: int, json: bool = JSON) -> None:
         f"micro_batch={layout['micro_batch_size']} {layout['precision']}; "
         f"nodes {', '.join(run['nodes']) or '-'}"
     )
+    if run.get("sweep_id") is not None:
+        point = " ".join(f"{k}={v}" for k, v in (run.get("sweep_params") or {}).items())
+        console.print(f"sweep {run['sweep_id']}: {point}")
     if plan := run.get("plan"):
         console.print(
             f"plan on {plan['hardware']}: {plan['memory_gib_per_gpu']['total']:.1f} "

@@ -156,6 +156,8 @@ class RunOut(BaseModel):
     )
     nodes: list[str] = Field(default_factory=list, description="Nodes the run holds now.")
     num_hardware_restarts: int = 0
+    sweep_id: int | None = Field(default=None, description="The sweep this run is a point of.")
+    sweep_params: dict[str, Any] | None = Field(default=None, description="Its grid point.")
     attempts: list[AttemptOut] = Field(default_factory=list)
     goodput: Goodput | None = Field(default=None, description="Only on GET /v1/runs/{id}.")
     mfu: float | None = Field(

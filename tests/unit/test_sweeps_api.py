@@ -36,6 +36,7 @@ def test_a_grid_becomes_one_run_per_point(api: Any, db_session: Session) -> None
     assert run["spec"]["lr"] == 3e-3 and run["spec"]["seed"] == 2
     assert run["spec"]["parallelism"]["zero_stage"] == 0 and "sweep" not in run["spec"]
     assert run["layout"]["zero_stage"] == 0
+    assert run["sweep_id"] == sweep["id"] and run["sweep_params"] == points[4]
     assert api.get(f"/v1/sweeps/{sweep['id']}").json()["runs"] == sweep["runs"]
     listed = api.get("/v1/sweeps").json()
     assert listed["items"][0]["id"] == sweep["id"] and listed["total"] >= 1
