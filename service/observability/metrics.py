@@ -124,8 +124,8 @@ def observe_incident(incident: object, *phases: str) -> None:
         observe_recovery_phase(phase, started, getattr(incident, end))
 
 
-def count_node_event(kind: str, code: int | None, action: str) -> None:
-    NODE_EVENTS.labels(kind=kind, code="" if code is None else str(code), action=action).inc()
+def count_node_event(kind: str, code: int | None, action: str, count: int = 1) -> None:
+    NODE_EVENTS.labels(kind=kind, code="" if code is None else str(code), action=action).inc(count)
 
 
 def count_run_event(kind: str) -> None:

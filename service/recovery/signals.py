@@ -6,11 +6,11 @@ agent gets its 200, the recovery is durable and the reconciler will carry it out
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -18,10 +18,10 @@ from service.models import (
     Incident,
     IncidentState,
     Node,
-    NodeEvent,
     RecoveryAction,
 )
 from service.models.base import utcnow
+from service.nodes.repository import insert_node_events
 from service.observability import metrics
 from service.recovery.classification import Classifier, Rule, signal_name
 
@@ -86,15 +86,14 @@ def ingest_node_events(
 ) -> int:
     """Store a batch of one node's events exactly once and act on their classes.
 
-    One multi-row INSERT ... ON CONFLICT DO NOTHING per batch: a whole leaf switch failing
-    at once must not queue behind thousands of single-row round trips. Returns how many
-    events were new.
+    One INSERT ... ON CONFLICT DO NOTHING per batch: a whole leaf switch failing at once
+    must not queue behind thousands of single-row round trips. Returns how many events were
+    new.
     """
     now = utcnow()
     rules = {e.idempotency_key: classifier.classify(signal_name(e.kind, e.code)) for e in events}
     rows = [
         {
-            "node_name": node_name,
             "kind": e.kind,
             "code": e.code,
             "message": e.message[:4000],
@@ -102,25 +101,20 @@ def ingest_node_events(
             "idempotency_key": e.idempotency_key,
             "action": rules[e.idempotency_key].action.value,
             "observed_at": e.observed_at,
-            "created_at": now,
         }
         for e in events
     ]
-    inserted = set(
-        session.scalars(
-            insert(NodeEvent)
-            .values(rows)
-            .on_conflict_do_nothing(index_elements=["idempotency_key"])
-            .returning(NodeEvent.idempotency_key)
-        ).all()
-    )
+    inserted = insert_node_events(session, node_name, now, rows)
+    counts: Counter[tuple[str, int | None, RecoveryAction]] = Counter()
     for event in events:
-        if event.idempotency_key in inserted:
-            metrics.count_node_event(event.kind, event.code, rules[event.idempotency_key].action)
-        if event.idempotency_key in inserted and rules[event.idempotency_key].action != (
-            RecoveryAction.OBSERVE
-        ):
-            _act(session, node_name, event, rules[event.idempotency_key], settings)
+        if event.idempotency_key not in inserted:
+            continue
+        rule = rules[event.idempotency_key]
+        counts[event.kind, event.code, rule.action] += 1
+        if rule.action != RecoveryAction.OBSERVE:
+            _act(session, node_name, event, rule, settings)
+    for (kind, code, action), count in counts.items():  # one metric update per label set
+        metrics.count_node_event(kind, code, action, count)
     return len(inserted)
 
 
