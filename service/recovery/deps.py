@@ -16,4 +16,9 @@ def get_classifier() -> Classifier:
     return Classifier.from_file(get_settings().classification_file)
 
 
-ClassifierDep = Annotated[Classifier, Depends(get_classifier)]
+async def classifier() -> Classifier:
+    """async: FastAPI runs a plain function dependency in the thread pool, a trip per request."""
+    return get_classifier()
+
+
+ClassifierDep = Annotated[Classifier, Depends(classifier)]
