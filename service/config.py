@@ -60,6 +60,13 @@ class Settings(BaseSettings):
         default=20.0, gt=0, description="Sustained requests/s allowed per agent token."
     )
     agent_burst: float = Field(default=100.0, ge=1, description="Requests an agent may burst.")
+    auth_cache_ttl_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long an authenticated token is remembered (0: read api_tokens on "
+        "every request). A revocation made through this process applies at once; one made "
+        "through another service process applies within this many seconds.",
+    )
     segment_stop_margin_s: float = Field(
         default=180.0,
         gt=0,

@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Row, Table, bindparam, event, select, update
 from sqlalchemy.orm import Session
 
+from service.auth.cache import principals
 from service.auth.principal import Principal
 from service.auth.tokens import hash_token, new_token
 from service.errors import NotFound
 from service.models import ApiToken, AuditEntry, Role, Team
 from service.models.base import utcnow
+
+_tokens = cast(Table, ApiToken.__table__)
+_TOKEN_COLUMNS = "id user team role node_name run_id attempt_id expires_at revoked_at last_used_at"
+# Built once, Core columns and no ORM object: every request whose principal is not cached
+# runs it.
+_TOKEN_BY_HASH = select(*(_tokens.c[name] for name in _TOKEN_COLUMNS.split())).where(
+    _tokens.c.token_hash == bindparam("token_hash")
+)
+
+
+_TOUCH_TOKEN = (
+    update(_tokens)
+    .where(_tokens.c.id == bindparam("token_id"))
+    .values(last_used_at=bindparam("now"))
+)
+
+
+def token_by_hash(session: Session, token_hash: str) -> Row[Any] | None:
+    """The token's columns (not its hash) by the hash of its secret, or None."""
+    return session.execute(_TOKEN_BY_HASH, {"token_hash": token_hash}).one_or_none()
+
+
+def touch_token(session: Session, token_id: int, now: datetime) -> None:
+    session.execute(_TOUCH_TOKEN, {"token_id": token_id, "now": now})
 
 
 def ensure_team(session: Session, name: str) -> Team:
@@ -59,6 +84,9 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
     if row is None:
         raise NotFound(f"no token with id {token_id}")
     row.revoked_at = row.revoked_at or utcnow()
+    # Forgotten once the revocation is committed: forgetting earlier would let a request
+    # still reading the unrevoked row cache it again.
+    event.listen(session, "after_commit", lambda _: principals.forget_token(token_id), once=True)
     return row
 
 

@@ -7,6 +7,7 @@ row in POLICY fails `test_every_route_has_a_policy`, so nobody adds one without 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,8 +20,9 @@ from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.auth.service import create_token
-from service.models import Attempt, AttemptState, Node, NodeState, Role
+from service.models import ApiToken, Attempt, AttemptState, Node, NodeState, Role
 from service.models.base import utcnow
+from tests.conftest import wait_for
 
 PUBLIC, USERS, ADMINS, AGENTS, WORKERS = "public", "users", "admins", "agents", "workers"
 
@@ -355,3 +357,87 @@ def test_event_batches_are_bounded(app: Any, world: World) -> None:
         app, world.tokens["admin"], "POST", "/v1/nodes/gpu001/events", json={"events": events}
     )
     assert response.status_code == 422 and "events" in response.json()["detail"]
+
+
+@pytest.fixture
+def short_auth_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
+    """Principals remembered for 1 s, as an operator could set RUNYARD_AUTH_CACHE_TTL_S."""
+    from service.config import get_settings
+
+    monkeypatch.setenv("RUNYARD_AUTH_CACHE_TTL_S", "1")
+    get_settings.cache_clear()
+    yield 1.0
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+def test_a_token_revoked_by_another_process_is_refused_within_the_cache_ttl(
+    app: Any, database_url: str, short_auth_cache: float
+) -> None:
+    engine = create_engine(database_url)
+    with Session(engine) as s, s.begin():
+        row, token = create_token(s, user="dave", team="alpha", role=Role.USER)
+        token_id = row.id
+    assert call(app, token, "GET", "/v1/runs").status_code == 200  # now cached
+    # Revoked straight in the database, as another service process's revocation would be:
+    # this process hears nothing of it.
+    with Session(engine) as s, s.begin():
+        s.get_one(ApiToken, token_id).revoked_at = utcnow()
+    revoked_at = time.monotonic()
+    wait_for(
+        "the revoked token to be refused",
+        lambda: call(app, token, "GET", "/v1/runs").status_code == 401,
+        timeout_s=short_auth_cache + 2,
+        interval_s=0.05,
+    )
+    assert time.monotonic() - revoked_at < short_auth_cache + 0.5
+    engine.dispose()
+
+
+def test_a_cached_token_is_refused_once_it_expires(app: Any, database_url: str) -> None:
+    engine = create_engine(database_url)
+    with Session(engine) as s, s.begin():
+        expires = utcnow() + timedelta(seconds=1)
+        _, token = create_token(s, user="erin", team="alpha", role=Role.USER, expires_at=expires)
+    assert call(app, token, "GET", "/v1/runs").status_code == 200  # cached for 10 s
+    wait_for(
+        "the expired token to be refused",
+        lambda: call(app, token, "GET", "/v1/runs").status_code == 401,
+        timeout_s=5,
+        interval_s=0.05,
+    )
+    assert utcnow() >= expires
+    engine.dispose()
+
+
+def test_a_worker_token_dies_with_its_attempt_at_once(
+    app: Any, world: World, database_url: str
+) -> None:
+    engine = create_engine(database_url)
+    with Session(engine) as s, s.begin():
+        attempt = Attempt(
+            run_id=world.run_id,
+            number=99,
+            state=AttemptState.RUNNING,
+            job_name="x",
+            job_folder="/tmp",
+            nodes=["gpu001"],
+        )
+        s.add(attempt)
+        s.flush()
+        attempt_id = attempt.id
+        _, token = create_token(
+            s,
+            user="user-1",
+            team="alpha",
+            role=Role.WORKER,
+            run_id=world.run_id,
+            attempt_id=attempt_id,
+        )
+    config = f"/v1/worker/attempts/{attempt_id}/config"
+    assert call(app, token, "GET", config).status_code not in (401, 403)
+    with Session(engine) as s, s.begin():
+        s.get_one(Attempt, attempt_id).state = AttemptState.FAILED
+    response = call(app, token, "GET", config)
+    assert response.status_code == 401 and "attempt" in response.json()["detail"]
+    engine.dispose()
