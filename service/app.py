@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from service.admin.endpoints import router as admin_router
+from service.auth.deps import watch_revocations
 from service.config import get_settings
 from service.db import get_engine
 from service.errors import ERROR_RESPONSES, document_errors, install_error_handlers
@@ -39,7 +41,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             target=run_forever, args=(settings, stop), name="reconciler", daemon=True
         )
         thread.start()
+    # Revocations made through other service processes reach this one's principal cache.
+    revocations = asyncio.create_task(watch_revocations(), name="revocations")
     yield
+    revocations.cancel()
     stop.set()
     if thread is not None:
         thread.join(timeout=10)

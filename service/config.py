@@ -61,11 +61,14 @@ class Settings(BaseSettings):
     )
     agent_burst: float = Field(default=100.0, ge=1, description="Requests an agent may burst.")
     auth_cache_ttl_s: float = Field(
-        default=10.0,
+        default=60.0,
         ge=0,
         description="How long an authenticated token is remembered (0: read api_tokens on "
-        "every request). A revocation made through this process applies at once; one made "
-        "through another service process applies within this many seconds.",
+        "every request). A revocation through this process applies at once; one through "
+        "another process within auth_revocation_poll_s, and within this TTL at worst.",
+    )
+    auth_revocation_poll_s: float = Field(
+        default=1.0, gt=0, description="How often each process reads the tokens revoked."
     )
     segment_stop_margin_s: float = Field(
         default=180.0,

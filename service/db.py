@@ -56,23 +56,37 @@ def in_transaction(
         return work(session, *args, **kwargs)
 
 
-# The agents' hot path (heartbeats and event batches from every node) runs at most this
-# many transactions at once, on threads of its own. Past that, requests wait on the event
-# loop, which costs nothing, instead of piling up as threads that fight over the GIL and
-# over pooled connections (overflow connections were opened and closed by the dozen each
-# second): under a fleet's load that made every request slower, and the backlog grew.
-HOT_PATH_TRANSACTIONS = 8
-_hot_path = anyio.CapacityLimiter(HOT_PATH_TRANSACTIONS)
+class Lane:
+    """A bounded set of threads for one kind of hot-path transaction.
+
+    The agents' hot path (heartbeats and event batches from every node) runs its
+    transactions through lanes: past a lane's limit, requests wait on the event loop, which
+    costs nothing, instead of piling up as threads that fight over the GIL and over pooled
+    connections (under a fleet's load that made every request slower, and the backlog
+    grew). Heartbeats and event batches get separate lanes, so a flood of events (a leaf
+    switch failing, a chatty agent) cannot starve the heartbeats, whose silence would
+    read as dead nodes.
+    """
+
+    def __init__(self, max_transactions: int) -> None:
+        self.max_transactions = max_transactions
+        self._limiter = anyio.CapacityLimiter(max_transactions)
+
+    async def run(
+        self, work: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """`in_transaction(work, ...)` from an `async def` endpoint: one hop to a thread,
+        and the reply waits for the commit (SessionDep costs three: open, endpoint,
+        commit)."""
+        return await anyio.to_thread.run_sync(
+            partial(in_transaction, work, *args, **kwargs), limiter=self._limiter
+        )
 
 
-async def run_in_transaction(
-    work: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
-) -> T:
-    """`in_transaction` from an `async def` endpoint: one hop to a thread, and the reply
-    waits for the commit. SessionDep costs three hops (open, endpoint, commit)."""
-    return await anyio.to_thread.run_sync(
-        partial(in_transaction, work, *args, **kwargs), limiter=_hot_path
-    )
+# Heartbeats and token lookups: one short statement each, latency-critical.
+LIVENESS = Lane(8)
+# Event batches: up to 1,000 rows each; two at a time keep Postgres and the GIL busy.
+EVENT_BATCHES = Lane(2)
 
 
 def get_session() -> Iterator[Session]:

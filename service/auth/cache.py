@@ -1,4 +1,4 @@
-"""Authenticated principals kept a few seconds, so a fleet's heartbeats skip the token lookup.
+"""Authenticated principals kept in memory, so a fleet's heartbeats skip the token lookup.
 
 Without it every request opened a second session just to read its `api_tokens` row: 1,280
 agents reporting every few seconds spent more time proving who they were than reporting.
@@ -9,14 +9,17 @@ What stays exact:
 - expiry: the token's `expires_at` is kept with the principal and checked on every hit;
 - worker tokens are never cached: they die with their attempt, which the reconciler ends.
 
-What may lag by at most `ttl_s`: a revocation committed by another service process (or
-written straight into the database). `auth_cache_ttl_s` in the settings bounds it.
+What may lag: a revocation committed by another service process (or written straight into
+the database). `watch_revocations` reads the recently revoked tokens every
+`auth_revocation_poll_s` (1 s) and forgets them; `auth_cache_ttl_s` (60 s) bounds the lag
+even if that read fails.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -75,8 +78,22 @@ class PrincipalCache:
         """Drop a token's principal (after its revocation commits)."""
         with self._lock:
             self._generation += 1
-            for key in [k for k, e in self._entries.items() if e.principal.token_id == token_id]:
-                del self._entries[key]
+            self._drop({token_id})
+
+    def forget_revoked(self, token_ids: Collection[int]) -> None:
+        """Drop the principals of tokens another process revoked.
+
+        No generation bump: the same revocations are read again on the next polls (a
+        window of a minute), which drops a principal that a racing lookup stored.
+        """
+        if token_ids:
+            with self._lock:
+                self._drop(token_ids)
+
+    def _drop(self, token_ids: Collection[int]) -> None:
+        stale = [k for k, e in self._entries.items() if e.principal.token_id in token_ids]
+        for key in stale:
+            del self._entries[key]
 
     def clear(self) -> None:
         with self._lock:

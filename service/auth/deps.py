@@ -2,46 +2,75 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Header
+from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from service.auth.cache import principals
 from service.auth.principal import Principal, Unauthenticated
-from service.auth.service import token_by_hash, touch_token
+from service.auth.service import attempt_states, revoked_since, tokens_by_hash, touch_tokens
 from service.auth.tokens import hash_token
 from service.config import get_settings
-from service.db import run_in_transaction
+from service.db import LIVENESS, in_transaction
+from service.group_commit import GroupCommit
 from service.limits import RateLimiter
-from service.models import Attempt, Role
+from service.models import AttemptState, Role
 from service.models.base import utcnow
 
+log = logging.getLogger(__name__)
 
-def authenticate(session: Session, token_hash: str) -> tuple[Principal, datetime | None]:
-    """Resolve a bearer token; revoked, expired and ended-attempt tokens are refused.
 
-    Returns the principal and the token's own expiry (for the principal cache).
+def authenticate(
+    session: Session, token_hashes: list[str]
+) -> dict[str, tuple[Principal, datetime | None] | Unauthenticated]:
+    """Resolve bearer tokens; revoked, expired and ended-attempt tokens are refused.
+
+    For each token hash: its principal and the token's own expiry (for the principal
+    cache), or why it is refused (which fails only that token's request). A few statements
+    whatever the number of tokens: a fleet's first requests after a restart all come here.
     """
-    row = token_by_hash(session, token_hash)
-    if row is None:
-        raise Unauthenticated("unknown token; ask an admin for one (`runyard admin token create`)")
+    rows = tokens_by_hash(session, token_hashes)
+    attempts = attempt_states(
+        session, [row.attempt_id for row in rows.values() if row.attempt_id is not None]
+    )
+    now = utcnow()
+    results: dict[str, tuple[Principal, datetime | None] | Unauthenticated] = {}
+    stale: list[int] = []
+    for token_hash in token_hashes:
+        row = rows.get(token_hash)
+        try:
+            if row is None:
+                raise Unauthenticated(
+                    "unknown token; ask an admin for one (`runyard admin token create`)"
+                )
+            results[token_hash] = (_principal(row, attempts, now), row.expires_at)
+        except Unauthenticated as refused:
+            results[token_hash] = refused
+            continue
+        if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
+            stale.append(row.id)  # coarse on purpose: one write a minute per token
+    touch_tokens(session, stale, now)
+    return results
+
+
+def _principal(row: Row[Any], attempts: dict[int, AttemptState], now: datetime) -> Principal:
     if row.revoked_at is not None:
         raise Unauthenticated("this token was revoked; ask an admin for a new one")
-    now = utcnow()
     if row.expires_at is not None and row.expires_at <= now:
         raise Unauthenticated("this token expired; ask an admin for a new one")
     if row.attempt_id is not None:
-        attempt = session.get(Attempt, row.attempt_id)
-        if attempt is None or attempt.state.is_terminal:
+        state = attempts.get(row.attempt_id)
+        if state is None or state.is_terminal:
             raise Unauthenticated("this worker token expired with its attempt")
-    if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
-        # Coarse on purpose: one write a minute per token, not one per request.
-        touch_token(session, row.id, now)
-    principal = Principal(
+    return Principal(
         token_id=row.id,
         user=row.user,
         team=row.team,
@@ -50,7 +79,11 @@ def authenticate(session: Session, token_hash: str) -> tuple[Principal, datetime
         run_id=row.run_id,
         attempt_id=row.attempt_id,
     )
-    return principal, row.expires_at
+
+
+# Tokens not in the principal cache are looked up together (a fleet's first requests after
+# a restart all miss it at once): one transaction per group, see service/group_commit.py.
+TOKEN_LOOKUPS = GroupCommit("token lookups", LIVENESS, authenticate)
 
 
 async def current_principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
@@ -67,7 +100,7 @@ async def current_principal(authorization: Annotated[str | None, Header()] = Non
     if cached is not None:
         return cached
     generation = principals.generation()  # before the read: see PrincipalCache.put
-    principal, expires_at = await run_in_transaction(authenticate, token_hash)
+    principal, expires_at = await TOKEN_LOOKUPS.submit(token_hash)
     principals.put(token_hash, principal, expires_at, get_settings().auth_cache_ttl_s, generation)
     return principal
 
@@ -88,6 +121,28 @@ def roles(*allowed: Role) -> Callable[[Principal], Awaitable[Principal]]:
 
 USERS = Depends(roles(Role.USER, Role.ADMIN))
 ADMINS = Depends(roles(Role.ADMIN))
+
+
+# Revocations are read back over this window, so a revoking process whose clock is behind
+# ours, or a poll that failed, still has its revocations seen.
+REVOCATION_WINDOW = timedelta(minutes=1)
+
+
+async def watch_revocations() -> None:
+    """Forget, every `auth_revocation_poll_s`, the principals of tokens revoked anywhere.
+
+    Runs for the life of the service process (started by the app's lifespan).
+    """
+    every_s = get_settings().auth_revocation_poll_s
+    while True:
+        await anyio.sleep(every_s)
+        try:
+            since = utcnow() - REVOCATION_WINDOW
+            revoked = await anyio.to_thread.run_sync(in_transaction, revoked_since, since)
+        except Exception:  # the database may be down a while; the TTL still bounds the lag
+            log.exception("reading revoked tokens failed; retrying in %.0f s", every_s)
+            continue
+        principals.forget_revoked(revoked)
 
 
 @lru_cache

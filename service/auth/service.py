@@ -5,39 +5,60 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, bindparam, event, select, update
+from sqlalchemy import Integer, Row, String, Table, bindparam, event, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from service.auth.cache import principals
 from service.auth.principal import Principal
 from service.auth.tokens import hash_token, new_token
 from service.errors import NotFound
-from service.models import ApiToken, AuditEntry, Role, Team
+from service.models import ApiToken, Attempt, AttemptState, AuditEntry, Role, Team
 from service.models.base import utcnow
 
 _tokens = cast(Table, ApiToken.__table__)
-_TOKEN_COLUMNS = "id user team role node_name run_id attempt_id expires_at revoked_at last_used_at"
-# Built once, Core columns and no ORM object: every request whose principal is not cached
-# runs it.
-_TOKEN_BY_HASH = select(*(_tokens.c[name] for name in _TOKEN_COLUMNS.split())).where(
-    _tokens.c.token_hash == bindparam("token_hash")
+_attempts = cast(Table, Attempt.__table__)
+_TOKEN_COLUMNS = (
+    "id token_hash user team role node_name run_id attempt_id expires_at revoked_at last_used_at"
 )
-
-
-_TOUCH_TOKEN = (
+# Built once, Core columns and no ORM objects: they run for every group of tokens that the
+# principal cache does not hold, one statement per group whatever its size.
+_TOKENS_BY_HASH = select(*(_tokens.c[name] for name in _TOKEN_COLUMNS.split())).where(
+    _tokens.c.token_hash == func.any(bindparam("token_hashes", type_=ARRAY(String)))
+)
+_TOUCH_TOKENS = (
     update(_tokens)
-    .where(_tokens.c.id == bindparam("token_id"))
+    .where(_tokens.c.id == func.any(bindparam("token_ids", type_=ARRAY(Integer))))
     .values(last_used_at=bindparam("now"))
 )
+_ATTEMPT_STATES = select(_attempts.c.id, _attempts.c.state).where(
+    _attempts.c.id == func.any(bindparam("attempt_ids", type_=ARRAY(Integer)))
+)
 
 
-def token_by_hash(session: Session, token_hash: str) -> Row[Any] | None:
-    """The token's columns (not its hash) by the hash of its secret, or None."""
-    return session.execute(_TOKEN_BY_HASH, {"token_hash": token_hash}).one_or_none()
+def tokens_by_hash(session: Session, token_hashes: list[str]) -> dict[str, Row[Any]]:
+    """The tokens whose secrets hash to `token_hashes`, by hash (unknown ones are absent)."""
+    rows = session.execute(_TOKENS_BY_HASH, {"token_hashes": token_hashes})
+    return {row.token_hash: row for row in rows}
 
 
-def touch_token(session: Session, token_id: int, now: datetime) -> None:
-    session.execute(_TOUCH_TOKEN, {"token_id": token_id, "now": now})
+def touch_tokens(session: Session, token_ids: list[int], now: datetime) -> None:
+    if token_ids:
+        session.execute(_TOUCH_TOKENS, {"token_ids": token_ids, "now": now})
+
+
+def attempt_states(session: Session, attempt_ids: list[int]) -> dict[int, AttemptState]:
+    """The states of the attempts that exist among `attempt_ids`."""
+    if not attempt_ids:
+        return {}
+    rows = session.execute(_ATTEMPT_STATES, {"attempt_ids": attempt_ids})
+    return {row.id: AttemptState(row.state) for row in rows}
+
+
+def revoked_since(session: Session, since: datetime) -> list[int]:
+    """Ids of the tokens revoked at or after `since`."""
+    stmt = select(ApiToken.id).where(ApiToken.revoked_at >= since)
+    return list(session.scalars(stmt).all())
 
 
 def ensure_team(session: Session, name: str) -> Team:

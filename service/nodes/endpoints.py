@@ -6,8 +6,9 @@ from fastapi import APIRouter
 
 from service.auth.deps import AGENTS, USERS, PrincipalDep
 from service.config import get_settings
-from service.db import SessionDep, run_in_transaction
+from service.db import EVENT_BATCHES, LIVENESS, SessionDep
 from service.errors import NotFound
+from service.group_commit import GroupCommit
 from service.nodes import repository, service
 from service.nodes.schemas import (
     EventBatch,
@@ -43,12 +44,16 @@ def show_node(name: str, session: SessionDep) -> NodeDetail:
 
 
 # The agents' hot path (1,280 nodes reporting every few seconds): `async def` endpoints that
-# do their database work in one trip to the thread pool, committed before the reply.
+# do their database work in one trip to a lane's threads, committed before the reply.
+# Heartbeats arriving together share one UPDATE and one commit (service/group_commit.py).
+HEARTBEATS = GroupCommit("heartbeats", LIVENESS, service.touch_heartbeats)
+
+
 @router.post("/{name}/heartbeat", status_code=204, dependencies=[AGENTS])
 async def heartbeat(name: str, beat: Heartbeat, principal: PrincipalDep) -> None:
-    """A health agent says its node is alive (the hot path: one UPDATE)."""
+    """A health agent says its node is alive; the 204 comes once that is committed."""
     principal.require_node(name)
-    if not await run_in_transaction(service.touch_heartbeat, name):
+    if not await HEARTBEATS.submit(name):
         raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
 
 
@@ -58,4 +63,4 @@ async def post_events(
 ) -> EventBatchAck:
     """Signals an agent saw on its node; stored once each, classified, acted on."""
     principal.require_node(name)
-    return await run_in_transaction(service.ingest_events, name, batch, get_settings(), classifier)
+    return await EVENT_BATCHES.run(service.ingest_events, name, batch, get_settings(), classifier)

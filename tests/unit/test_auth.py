@@ -441,3 +441,34 @@ def test_a_worker_token_dies_with_its_attempt_at_once(
     response = call(app, token, "GET", config)
     assert response.status_code == 401 and "attempt" in response.json()["detail"]
     engine.dispose()
+
+
+def test_revocations_by_another_process_reach_a_running_service_within_a_poll(
+    app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.config import get_settings
+
+    monkeypatch.setenv("RUNYARD_AUTH_REVOCATION_POLL_S", "0.2")  # the TTL stays at 60 s
+    get_settings.cache_clear()
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as s, s.begin():
+            row, token = create_token(s, user="fay", team="alpha", role=Role.USER)
+            token_id = row.id
+        headers = {"Authorization": f"Bearer {token}"}
+        with TestClient(app) as client:  # runs the lifespan, and so the revocation watcher
+            assert client.get("/v1/runs", headers=headers).status_code == 200  # cached
+            with Session(engine) as s, s.begin():
+                s.get_one(ApiToken, token_id).revoked_at = utcnow()
+            revoked_at = time.monotonic()
+            wait_for(
+                "the watcher to forget the revoked token",
+                lambda: client.get("/v1/runs", headers=headers).status_code == 401,
+                timeout_s=5,
+                interval_s=0.05,
+            )
+            assert time.monotonic() - revoked_at < 2
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        engine.dispose()
