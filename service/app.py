@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -27,6 +28,21 @@ from service.runs.logs import router as run_logs_router
 from service.sweeps.endpoints import router as sweeps_router
 from service.workers.endpoints import router as worker_router
 
+# Python's cyclic garbage collector pauses the whole process while it walks the heap. With
+# its default thresholds (a young-generation pass every 700 allocations, full passes over
+# every object the app holds) those pauses were the tail of the API's latency under a
+# fleet's load: 100-200 ms at p99 against ~25 ms at p50 (bench/control_plane.py). The
+# objects built at startup (routes, schemas, SQLAlchemy metadata) live as long as the
+# process, so they are frozen out of every pass, and the young generation is collected
+# less often. Cycles are still collected, in smaller and rarer pauses.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
+def tune_garbage_collector() -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +59,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         thread.start()
     # Revocations made through other service processes reach this one's principal cache.
     revocations = asyncio.create_task(watch_revocations(), name="revocations")
+    tune_garbage_collector()  # last: what startup built is frozen
     yield
     revocations.cancel()
     stop.set()
@@ -53,6 +70,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     configure_logging(get_settings().log_format)
     app = FastAPI(
+        # runyard's observability is its Prometheus metrics and JSON logs; FastAPI's native
+        # OpenTelemetry support looked for configured providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
         title="runyard",
         version="0.1.0",
         lifespan=lifespan,

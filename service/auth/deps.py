@@ -160,6 +160,9 @@ async def agent(principal: PrincipalDep) -> Principal:
 
 
 AGENTS = Depends(agent)
+# The agent itself, for endpoints that need it: one dependency where AGENTS plus
+# PrincipalDep resolve two (the agents' hot path counts them).
+AgentDep = Annotated[Principal, AGENTS]
 WORKERS = Depends(roles(Role.WORKER, Role.ADMIN))
 
 

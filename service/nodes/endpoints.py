@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.auth.deps import AGENTS, USERS, PrincipalDep
+from service.auth.deps import USERS, AgentDep
 from service.config import get_settings
 from service.db import EVENT_BATCHES, LIVENESS, SessionDep
 from service.errors import NotFound
@@ -49,17 +49,17 @@ def show_node(name: str, session: SessionDep) -> NodeDetail:
 HEARTBEATS = GroupCommit("heartbeats", LIVENESS, service.touch_heartbeats)
 
 
-@router.post("/{name}/heartbeat", status_code=204, dependencies=[AGENTS])
-async def heartbeat(name: str, beat: Heartbeat, principal: PrincipalDep) -> None:
+@router.post("/{name}/heartbeat", status_code=204)
+async def heartbeat(name: str, beat: Heartbeat, principal: AgentDep) -> None:
     """A health agent says its node is alive; the 204 comes once that is committed."""
     principal.require_node(name)
     if not await HEARTBEATS.submit(name):
         raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
 
 
-@router.post("/{name}/events", dependencies=[AGENTS])
+@router.post("/{name}/events")
 async def post_events(
-    name: str, batch: EventBatch, classifier: ClassifierDep, principal: PrincipalDep
+    name: str, batch: EventBatch, classifier: ClassifierDep, principal: AgentDep
 ) -> EventBatchAck:
     """Signals an agent saw on its node; stored once each, classified, acted on."""
     principal.require_node(name)
