@@ -37,8 +37,14 @@ class ApiToken(Base):
     user: Mapped[str] = mapped_column(String(64))
     team: Mapped[str] = mapped_column(ForeignKey("teams.name"))
     role: Mapped[Role] = mapped_column(
-        Enum(Role, name="role", native_enum=False, length=16, validate_strings=True,
-             values_callable=lambda e: [m.value for m in e])
+        Enum(
+            Role,
+            name="role",
+            native_enum=False,
+            length=16,
+            validate_strings=True,
+            values_callable=lambda e: [m.value for m in e],
+        )
     )
     node_name: Mapped[str | None] = mapped_column(String(64))  # agent tokens
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
