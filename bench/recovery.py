@@ -30,10 +30,12 @@ from client.devcluster.cluster import DevCluster, default_state_dir  # noqa: E40
 from client.devcluster.demo import inject_xid_79  # noqa: E402
 
 TARGET_S = 30.0
-PHASES = [("detect+drain", "signal_at", "drained_at"),
-          ("end attempt+resubmit", "drained_at", "submitted_at"),
-          ("queue+start", "submitted_at", "running_at"),
-          ("start-up+load", "running_at", "first_step_at")]
+PHASES = [
+    ("detect+drain", "signal_at", "drained_at"),
+    ("end attempt+resubmit", "drained_at", "submitted_at"),
+    ("queue+start", "submitted_at", "running_at"),
+    ("start-up+load", "running_at", "first_step_at"),
+]
 
 
 def wait(what: str, probe: Any, timeout_s: float = 120.0) -> Any:
@@ -46,27 +48,44 @@ def wait(what: str, probe: Any, timeout_s: float = 120.0) -> Any:
 
 
 def one_round(client: RunyardClient, dev: DevCluster, run_id: int) -> dict[str, float]:
-    committed = lambda: [c["step"] for c in client.run_checkpoints(run_id)  # noqa: E731
-                         if c["state"] == "COMMITTED"]
+    def committed() -> list[int]:
+        return [c["step"] for c in client.run_checkpoints(run_id) if c["state"] == "COMMITTED"]
+
     def training_past_a_commit() -> bool:
         run = client.get_run(run_id)
         steps = committed()
-        return bool(run["attempts"] and run["attempts"][-1]["state"] == "RUNNING" and steps
-                    and (run["last_step"] or 0) >= max(steps) + 3
-                    and run["attempts"][-1]["first_step"] is not None)
+        return bool(
+            run["attempts"]
+            and run["attempts"][-1]["state"] == "RUNNING"
+            and steps
+            and (run["last_step"] or 0) >= max(steps) + 3
+            and run["attempts"][-1]["first_step"] is not None
+        )
 
     wait("a running attempt with a commit", training_past_a_commit)
     before = len(client.get_run(run_id)["attempts"])
     wait("a spare", lambda: client.get_spares()["members"])
     node = client.get_run(run_id)["nodes"][-1]
     inject_xid_79(dev.kern_log(node), pid=0)
-    incident = wait("the resumed first step", lambda: next(
-        (i for i in client.list_incidents(20) if i["run_id"] == run_id
-         and i["node_name"] == node and i["state"] == "RESOLVED"
-         and len(client.get_run(run_id)["attempts"]) > before), None))
+    incident = wait(
+        "the resumed first step",
+        lambda: next(
+            (
+                i
+                for i in client.list_incidents(20)
+                if i["run_id"] == run_id
+                and i["node_name"] == node
+                and i["state"] == "RESOLVED"
+                and len(client.get_run(run_id)["attempts"]) > before
+            ),
+            None,
+        ),
+    )
     client.resume_node(node)
-    t = {k: datetime.fromisoformat(incident[k]) for k in
-         ("signal_at", "drained_at", "submitted_at", "running_at", "first_step_at")}
+    t = {
+        k: datetime.fromisoformat(incident[k])
+        for k in ("signal_at", "drained_at", "submitted_at", "running_at", "first_step_at")
+    }
     split = {name: (t[b] - t[a]).total_seconds() for name, a, b in PHASES}
     split["total"] = (t["first_step_at"] - t["signal_at"]).total_seconds()
     return split
@@ -79,26 +98,43 @@ def main() -> None:
     dev = DevCluster(default_state_dir())
     client = RunyardClient(dev.service_url)
     client.set_spares(1)
-    spec = {"name": "bench-recovery", "model": "tiny", "nodes": 2, "gpus_per_node": 1,
-            "seq_len": 128, "global_batch": 8, "steps": 100_000, "lr": 3e-3,
-            "checkpoint_every": 20, "max_restarts": 0}
+    spec = {
+        "name": "bench-recovery",
+        "model": "tiny",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "seq_len": 128,
+        "global_batch": 8,
+        "steps": 100_000,
+        "lr": 3e-3,
+        "checkpoint_every": 20,
+        "max_restarts": 0,
+    }
     run_id = client.submit_run(spec)["id"]
     rounds = []
     try:
         for n in range(args.rounds):
             split = one_round(client, dev, run_id)
             rounds.append(split)
-            print(f"round {n + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
-                  flush=True)
+            print(
+                f"round {n + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
+                flush=True,
+            )
     finally:
         client.cancel_run(run_id)
     medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print("median: " + ", ".join(f"{k} {v:.1f} s" for k, v in medians.items()))
-    print(json.dumps({
-        "bench": "recovery", "rounds": rounds, "median_s": medians,
-        "targets": {"signal_to_first_resumed_step_s": TARGET_S},
-        "target_met": max(r["total"] for r in rounds) < TARGET_S,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "recovery",
+                "rounds": rounds,
+                "median_s": medians,
+                "targets": {"signal_to_first_resumed_step_s": TARGET_S},
+                "target_met": max(r["total"] for r in rounds) < TARGET_S,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
