@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -163,8 +164,10 @@ def call(app: Any, token: str | None, method: str, path: str, json: Any = None) 
 
 
 def api_routes(app: Any) -> set[tuple[str, str]]:
-    """Every (method, path) the app serves, read from its OpenAPI document."""
-    return {(m.upper(), path) for path, ops in app.openapi()["paths"].items() for m in ops}
+    """Every (method, path) the app serves, those left out of its OpenAPI document too."""
+    documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items() for m in ops}
+    hidden = {(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods}
+    return documented | hidden
 
 
 def test_every_route_has_a_policy(app: Any) -> None:
@@ -190,7 +193,7 @@ def concrete(path: str, world: World) -> str:
 @pytest.mark.parametrize("who", ["none", "user", "admin", "agent", "worker"])
 def test_role_matrix(app: Any, world: World, method: str, path: str, who: str) -> None:
     if (method, path) not in api_routes(app):
-        pytest.skip("route not in this build's OpenAPI document")
+        pytest.skip("route not in this build")
     token = None if who == "none" else world.tokens[who]
     # Bodies that fail validation after authorization: auth must answer first.
     response = call(
