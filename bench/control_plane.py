@@ -44,13 +44,13 @@ import psycopg
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from client.devcluster import postgres  # noqa: E402
 from client.devcluster.cluster import DevCluster, default_state_dir, service_argv  # noqa: E402
 from service.auth.bootstrap import mint_token_file  # noqa: E402
 from service.auth.tokens import hash_token, new_token  # noqa: E402
 from service.models import Role  # noqa: E402
 
 DATABASE = "runyard_bench"
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 NUM_NODES = 1280
 HEARTBEAT_PERIOD_S = 5.0
 HEARTBEAT_CONNECTIONS = 32  # agents on a real fleet each hold their own; 32 keeps up here
@@ -77,16 +77,7 @@ def free_port() -> int:
 
 def fresh_database() -> str:
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{DATABASE}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        env={**os.environ, "RUNYARD_DATABASE_URL": url},
-    )
+    postgres.fresh_database(url)
     with psycopg.connect(url.replace("+psycopg", "")) as conn:
         conn.execute(
             "INSERT INTO nodes (name, state, state_reason, slurm_state, slurm_reason, addr, "

@@ -4,14 +4,11 @@ the service running as its own process (so tests can stop and restart it)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -51,28 +48,15 @@ def wait_for(
     )
 
 
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database migrated by Alembic, as `alembic upgrade head` does in production."""
     from client.devcluster import postgres
 
     postgres.ensure_running()
-    with psycopg.connect(ADMIN_URL, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{TEST_DATABASE}"')
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "RUNYARD_DATABASE_URL": TEST_DATABASE_URL},
-        capture_output=True,
-    )
+    postgres.fresh_database(TEST_DATABASE_URL)
     yield TEST_DATABASE_URL
-    with psycopg.connect(ADMIN_URL, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
+    postgres.drop_database(TEST_DATABASE_URL)
 
 
 def mint_token(

@@ -249,13 +249,7 @@ def _start_service(
     say("making sure Postgres runs and the database is migrated")
     postgres.ensure_running()
     postgres.ensure_database(cluster.database_url)
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True,
-        env=cluster.service_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-    )
+    postgres.migrate(cluster.database_url, env=cluster.service_env())
     _mint_tokens(cluster, shape)
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("service")) or not is_alive(p):

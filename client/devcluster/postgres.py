@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+
+from service.config import REPO_ROOT
 
 
 class PostgresUnavailable(RuntimeError):
@@ -38,11 +43,17 @@ def ensure_running() -> None:
             )
 
 
+def _admin_conninfo(url: URL) -> str:
+    """The server's maintenance database, reached as `url`'s user: where CREATE DATABASE runs."""
+    return url.set(drivername="postgresql", database="postgres").render_as_string(
+        hide_password=False
+    )
+
+
 def ensure_database(database_url: str, timeout_s: float = 30.0) -> None:
     """Create the database named in `database_url` if it does not exist yet."""
     url = make_url(database_url)
-    admin = url.set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
+    conninfo = _admin_conninfo(url)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -59,3 +70,30 @@ def ensure_database(database_url: str, timeout_s: float = 30.0) -> None:
                     f"cannot reach Postgres at {url.host}:{url.port}: {exc}"
                 ) from exc
             time.sleep(0.5)
+
+
+def migrate(database_url: str, env: Mapping[str, str] | None = None) -> None:
+    """`alembic upgrade head` on `database_url`, exactly as a production deploy runs it."""
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
+        check=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        env={**os.environ, **(env or {}), "RUNYARD_DATABASE_URL": database_url},
+    )
+
+
+def drop_database(database_url: str) -> None:
+    """Drop the database named in `database_url`, closing any sessions still on it."""
+    url = make_url(database_url)
+    with psycopg.connect(_admin_conninfo(url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)')
+
+
+def fresh_database(database_url: str) -> None:
+    """An empty, migrated database at `database_url`: what tests and benches start from."""
+    drop_database(database_url)
+    url = make_url(database_url)
+    with psycopg.connect(_admin_conninfo(url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{url.database}"')
+    migrate(database_url)

@@ -8,12 +8,9 @@ off, so nothing the fuzzer creates (runs, spare targets, node events) ever reach
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +20,8 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
-from tests.conftest import ADMIN_URL, REPO_ROOT, mint_token
+from client.devcluster import postgres
+from tests.conftest import mint_token
 from tests.integration.conftest import ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -36,16 +34,7 @@ SKIPPED = {"/v1/admin/nodes/{name}/drain", "/v1/admin/nodes/{name}/resume"}
 
 @pytest.fixture(scope="module")
 def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{FUZZ_DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{FUZZ_DATABASE}"')
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"],
-        check=True,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        env={**os.environ, "RUNYARD_DATABASE_URL": FUZZ_URL},
-    )
+    postgres.fresh_database(FUZZ_URL)
     state: Path = tmp_path_factory.mktemp("fuzz")
     token = mint_token(FUZZ_URL, state / "admin.token", user="fuzz", team="ops", role="admin")
     port = free_port()
@@ -61,8 +50,7 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePr
     svc.start()
     yield svc
     svc.stop()
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{FUZZ_DATABASE}" WITH (FORCE)')
+    postgres.drop_database(FUZZ_URL)
 
 
 def operations(url: str) -> list[schemathesis.APIOperation]:
