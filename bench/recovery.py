@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from client.api import RunyardClient  # noqa: E402
 from client.devcluster.cluster import DevCluster, default_state_dir  # noqa: E402
-from client.devcluster.demo import inject_xid_79  # noqa: E402
+from client.devcluster.demo import inject_xid_79, spares_held  # noqa: E402
 
 TARGET_S = 30.0
 PHASES = [
@@ -97,7 +97,6 @@ def main() -> None:
     args = parser.parse_args()
     dev = DevCluster(default_state_dir())
     client = RunyardClient(dev.service_url)
-    client.set_spares(1)
     spec = {
         "name": "bench-recovery",
         "model": "tiny",
@@ -110,18 +109,19 @@ def main() -> None:
         "checkpoint_every": 20,
         "max_restarts": 0,
     }
-    run_id = client.submit_run(spec)["id"]
     rounds = []
-    try:
-        for n in range(args.rounds):
-            split = one_round(client, dev, run_id)
-            rounds.append(split)
-            print(
-                f"round {n + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
-                flush=True,
-            )
-    finally:
-        client.cancel_run(run_id)
+    with spares_held(client, 1):
+        run_id = client.submit_run(spec)["id"]
+        try:
+            for n in range(args.rounds):
+                split = one_round(client, dev, run_id)
+                rounds.append(split)
+                print(
+                    f"round {n + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
+                    flush=True,
+                )
+        finally:
+            client.cancel_run(run_id)
     medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print("median: " + ", ".join(f"{k} {v:.1f} s" for k, v in medians.items()))
     print(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,21 @@ def inject_xid_79(kern_log: Path, pid: int) -> str:
     return line
 
 
+@contextmanager
+def spares_held(client: RunyardClient, target: int, timeout_s: float = 30.0) -> Iterator[None]:
+    """Hold `target` hot spares for the duration, then give the pool back to its old size and
+    wait until Slurm has the nodes again, so a test run right after finds the cluster whole."""
+    before = client.get_spares()["target"]
+    client.set_spares(target)
+    try:
+        yield
+    finally:
+        client.set_spares(before)
+        deadline = time.monotonic() + timeout_s
+        while len(client.get_spares()["members"]) > before and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
 def _committed(client: RunyardClient, run_id: int) -> list[dict[str, Any]]:
     return [c for c in client.run_checkpoints(run_id) if c["state"] == "COMMITTED"]
 
@@ -47,7 +63,18 @@ def run_demo(
     timeout_s: float = 600,
 ) -> dict[str, Any]:
     """Reserve a spare, submit, follow, inject an Xid 79 once, follow to the end."""
-    client.set_spares(1)
+    with spares_held(client, 1):
+        return _follow(client, console, kern_log, spec_path, inject_failure, timeout_s)
+
+
+def _follow(
+    client: RunyardClient,
+    console: Console,
+    kern_log: Callable[[str], Path],
+    spec_path: Path,
+    inject_failure: bool,
+    timeout_s: float,
+) -> dict[str, Any]:
     spec = yaml.safe_load(spec_path.read_text())
     run = client.submit_run(spec)
     run_id, started = run["id"], time.monotonic()
