@@ -27,7 +27,7 @@ def print_sweep(sweep: dict[str, Any]) -> None:
     )
     print_table(
         None,
-        ["RUN", "TASK", "NAME", "STATE", "JOB", "STEP", "LOSS", "PARAMS"],
+        ["RUN", "POINT", "NAME", "STATE", "JOB", "STEP", "LOSS", "PARAMS"],
         [
             (
                 r["id"],

@@ -68,6 +68,7 @@ def _enum(cls: type[StrEnum], name: str) -> Enum:
 
 class Run(Timestamped, Base):
     __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("sweep_id", "sweep_index"),)  # one run per grid point
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))

@@ -28,6 +28,7 @@ from service.models import (
     Role,
     Run,
     RunState,
+    Sweep,
 )
 from service.models.base import utcnow
 from service.reconcile.preemption import attempt_stopped
@@ -184,13 +185,21 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
         return
     # A service that died between recording SUBMITTING and storing the job id may already
     # have submitted: find such jobs by their unique name instead of submitting twice.
-    orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
+    try:
+        orphans = commands.jobs_by_name(f"{settings.slurm_job_prefix}-")
+    except SlurmError as exc:
+        log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
+        return  # submitting blind could queue an attempt twice
     for req in todo:
-        write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
         try:
             if req.reservation:
                 ensure_reservation(req.reservation, req.nodelist.split(","), snapshot.reservations)
-            job_id = orphans.get(req.job_name) or submit_attempt(req, settings)
+            job_id = orphans.get(req.job_name)
+            if job_id is None:
+                # Minted only for a fresh submission: an adopted job already runs on the
+                # token written before the crash, and minting revokes it.
+                write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
+                job_id = submit_attempt(req, settings)
         except SlurmError as exc:
             _submission_failed(req, str(exc))
             continue
@@ -273,12 +282,34 @@ def _submission_failed(req: AttemptRequest, reason: str) -> None:
 
 def stop_cancelling() -> None:
     """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
+    targets: dict[int, list[str]] = {}
+    unnamed: dict[int, list[str]] = {}  # run -> names of jobs maybe queued before a crash
     with session_scope() as session:
-        runs = repository.runs_in_states(session, [RunState.CANCELLING])
-        targets = {
-            r.id: [a.slurm_job_id for a in r.attempts if not a.state.is_terminal and a.slurm_job_id]
-            for r in runs
-        }
+        for r in repository.runs_in_states(session, [RunState.CANCELLING]):
+            live = [a for a in r.attempts if not a.state.is_terminal]
+            targets[r.id] = [a.slurm_job_id for a in live if a.slurm_job_id]
+            for a in live:
+                if a.slurm_job_id is not None or a.state != AttemptState.SUBMITTING:
+                    continue
+                sweep = session.get(Sweep, r.sweep_id) if r.sweep_id else None
+                if sweep is None or a.id not in sweep.array_attempt_ids:
+                    unnamed.setdefault(r.id, []).append(a.job_name)
+                elif sweep.submitted_at is None:
+                    # Its task's job id comes with the array (sweeps.py); until then the
+                    # run stays CANCELLING, so the task cannot be forgotten.
+                    del targets[r.id]
+                    break
+    if unnamed:
+        try:
+            queued = commands.jobs_by_name(f"{get_settings().slurm_job_prefix}-")
+        except SlurmError as exc:
+            log.warning("cannot list the queued jobs, cancelling next pass: %s", exc)
+            queued = None
+        for run_id, names in unnamed.items():
+            if queued is None:
+                targets.pop(run_id, None)
+            elif run_id in targets:
+                targets[run_id] += [queued[n] for n in names if n in queued]
     job_ids = [job for jobs in targets.values() for job in jobs]
     for job in job_ids:
         commands.scancel(job)

@@ -33,13 +33,21 @@ log = logging.getLogger(__name__)
 def submit_sweeps(settings: Settings) -> None:
     """One sbatch --array per sweep not yet queued; task i is its i-th still-pending run."""
     for req in _prepare(settings):
-        for task, (run_id, attempt_id) in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
-            write_token_file(req.token_file(task), mint_worker_token(run_id, attempt_id))
         try:
-            array_id = commands.array_job_by_name(req.job_name) or submit_array(req, settings)
+            array_id = commands.array_job_by_name(req.job_name)
         except SlurmError as exc:
-            _array_failed(req, str(exc))
-            continue
+            log.warning("sweep %d: cannot tell whether its array is queued: %s", req.sweep_id, exc)
+            continue  # next pass; submitting now could queue it twice
+        if array_id is None:
+            # Tokens are minted only for a fresh submission: minting revokes the earlier
+            # ones, which the tasks of an adopted array are already using.
+            for task, pair in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
+                write_token_file(req.token_file(task), mint_worker_token(*pair))
+            try:
+                array_id = submit_array(req, settings)
+            except SlurmError as exc:
+                _array_failed(req, str(exc))
+                continue
         _record_array(req, array_id)
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 
@@ -85,22 +93,21 @@ def _prepare(settings: Settings) -> list[ArrayRequest]:
 
 
 def _record_array(req: ArrayRequest, array_id: str) -> None:
-    """Task i is job `<array>_<i>`. A member cancelled while sbatch ran loses its task."""
-    cancelled = []
+    """Every task's job id goes on its attempt. A member cancelled while sbatch ran is
+    CANCELLING with its attempt still live (stop_cancelling waits for this), so the
+    cancellation pass that follows scancels its task from what is stored here."""
+    orphaned = []
     with session_scope() as session:
         sweep = session.get(Sweep, req.sweep_id, with_for_update=True)
         assert sweep is not None
         sweep.slurm_array_job_id, sweep.submitted_at = array_id, utcnow()
         for task, attempt_id in enumerate(req.attempt_ids):
-            job_id = f"{array_id}_{task}"
+            job_id = req.task_job_id(array_id, task)
             locked = repository.lock_run_and_attempt(session, attempt_id)
             if locked is None or locked[1].state != AttemptState.SUBMITTING:
-                cancelled.append(job_id)
+                orphaned.append(job_id)  # not reachable through stop_cancelling's wait
                 continue
             run, attempt = locked
-            if run.state != RunState.PENDING:
-                cancelled.append(job_id)
-                continue
             attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
             set_attempt_state(
                 session,
@@ -110,8 +117,9 @@ def _record_array(req: ArrayRequest, array_id: str) -> None:
                 f"Slurm job {job_id} queued: task {task} of sweep {req.sweep_id}'s job array "
                 f"(at most {req.max_parallel} at once)",
             )
-            timeline.attempt_submitted(session, run.id)
-    for job_id in cancelled:
+            if run.state == RunState.PENDING:
+                timeline.attempt_submitted(session, run.id)
+    for job_id in orphaned:
         commands.scancel(job_id)
 
 
@@ -126,6 +134,10 @@ def _array_failed(req: ArrayRequest, reason: str) -> None:
             if locked is None or locked[1].state.is_terminal:
                 continue
             run, attempt = locked
+            if run.state == RunState.CANCELLING:  # the user's cancel wins over the failure
+                set_attempt_state(session, run, attempt, AttemptState.CANCELLED, reason)
+                set_run_state(session, run, RunState.CANCELLED, "cancelled by the user")
+                continue
             set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
             if not run.state.is_terminal:
                 set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}")

@@ -17,6 +17,7 @@ from service.models import (
     Run,
     RunEvent,
     RunState,
+    Sweep,
 )
 
 LIVE_ATTEMPT_STATES = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
@@ -25,7 +26,9 @@ LIVE_ATTEMPT_STATES = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptSta
 def get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run | None:
     stmt = select(Run).where(Run.id == run_id).options(selectinload(Run.attempts))
     if for_update:
-        stmt = stmt.with_for_update(of=Run)
+        # populate_existing: a run this session loaded before waiting for the lock gets the
+        # state the lock holder committed, not the stale copy it read earlier.
+        stmt = stmt.with_for_update(of=Run).execution_options(populate_existing=True)
     return session.scalars(stmt).one_or_none()
 
 
@@ -80,7 +83,7 @@ def needs_placement(run: Run) -> bool:
 def get_attempt(session: Session, attempt_id: int, *, for_update: bool = False) -> Attempt | None:
     stmt = select(Attempt).where(Attempt.id == attempt_id)
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update().execution_options(populate_existing=True)
     return session.scalars(stmt).one_or_none()
 
 
@@ -141,14 +144,30 @@ def last_metric_per_attempt(session: Session, run_id: int) -> Sequence[Metric]:
 
 
 def gpus_in_use(session: Session, team: str) -> int:
-    """GPUs held or wanted by the team's runs that have not ended."""
+    """GPUs held or wanted by the team's runs that have not ended. A sweep counts only the
+    members its array lets run at once (max_parallel), as its admission did."""
     active = (RunState.PENDING, RunState.RUNNING, RunState.CANCELLING)
-    total = session.scalar(
-        select(func.coalesce(func.sum(Run.num_nodes * Run.gpus_per_node), 0)).where(
-            Run.team == team, Run.state.in_(active)
+    gpus = Run.num_nodes * Run.gpus_per_node
+    mine = (Run.team == team, Run.state.in_(active))
+    alone = session.scalar(
+        select(func.coalesce(func.sum(gpus), 0)).where(*mine, Run.sweep_id.is_(None))
+    )
+    per_sweep = (
+        select(Sweep.max_parallel, func.count().label("n"), func.max(gpus).label("each"))
+        .join(Run, Run.sweep_id == Sweep.id)
+        .where(*mine)
+        .group_by(Sweep.id)
+        .subquery()
+    )
+    in_sweeps = session.scalar(
+        select(
+            func.coalesce(
+                func.sum(func.least(per_sweep.c.n, per_sweep.c.max_parallel) * per_sweep.c.each),
+                0,
+            )
         )
     )
-    return int(total or 0)
+    return int(alone or 0) + int(in_sweeps or 0)
 
 
 def lock_run_and_attempt(session: Session, attempt_id: int) -> tuple[Run, Attempt] | None:

@@ -93,7 +93,9 @@ def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     """Live jobs among `job_ids`, in one call."""
     if not job_ids:
         return {}
-    out = run_slurm(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"], check=False)
+    # -r: one line per array task (`123_4`), pending ones too, not one `123_[4-9%2]` line.
+    argv = ["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"]
+    out = run_slurm(argv, check=False)
     jobs = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -103,8 +105,9 @@ def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
 
 
 def jobs_by_name(prefix: str) -> dict[str, str]:
-    """Live jobs whose name starts with `prefix`: name -> job id (adopts orphans)."""
-    out = run_slurm(["squeue", "-h", "-o", "%j|%i"], check=False)
+    """Live jobs whose name starts with `prefix`: name -> job id (adopts orphans). Raises
+    SlurmError when squeue fails: "cannot tell" must not read as "none queued"."""
+    out = run_slurm(["squeue", "-h", "-o", "%j|%i"])
     found = {}
     for line in out.splitlines():
         name, _, job_id = line.strip().partition("|")
@@ -114,8 +117,9 @@ def jobs_by_name(prefix: str) -> dict[str, str]:
 
 
 def array_job_by_name(name: str) -> str | None:
-    """The id of the live job array named `name` (adopts one submitted before a crash)."""
-    out = run_slurm(["squeue", "-h", "-r", "-n", name, "-o", "%F"], check=False)
+    """The id of the live job array named `name` (adopts one submitted before a crash).
+    Raises SlurmError when squeue fails: "cannot tell" must not read as "not queued"."""
+    out = run_slurm(["squeue", "-h", "-r", "-n", name, "-o", "%F"])
     ids = {line.strip() for line in out.splitlines() if line.strip()}
     return min(ids, key=int) if ids else None
 

@@ -61,10 +61,16 @@ class ArrayRequest:
     def token_file(self, task: int) -> Path:
         return self.job_folder / "tokens" / f"{task}.token"
 
+    def task_job_id(self, array_id: str, task: int) -> str:
+        """Slurm's id for task i. submitit sends a batch of one as a plain job, not an
+        array, so a sweep down to one member is just `<id>`."""
+        return array_id if len(self.attempt_ids) == 1 else f"{array_id}_{task}"
+
     @property
     def token_setup(self) -> str:
         tokens = shlex.quote(str(self.job_folder / "tokens"))
-        return f'export RUNYARD_TOKEN="$(cat {tokens}/"$SLURM_ARRAY_TASK_ID".token)"'
+        # A plain job (one member) has no SLURM_ARRAY_TASK_ID: it is task 0.
+        return f'export RUNYARD_TOKEN="$(cat {tokens}/"${{SLURM_ARRAY_TASK_ID:-0}}".token)"'
 
 
 def job_name(prefix: str, run_id: int, attempt_id: int) -> str:

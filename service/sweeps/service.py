@@ -84,12 +84,18 @@ def list_sweeps(
 
 def cancel_sweep(session: Session, sweep: Sweep, principal: Principal) -> None:
     """Cancel every member still going; the reconciler scancels their array tasks."""
-    live = [r for r in members(session, sweep.id) if not r.state.is_terminal]
-    if not live:
+    going = False
+    for run in members(session, sweep.id):
+        if run.state == RunState.CANCELLING:
+            going = True
+        elif not run.state.is_terminal:
+            try:  # cancel_run locks the run and reads its state afresh
+                cancel_run(session, run.id, principal)
+                going = True
+            except Conflict:
+                continue  # it ended while this request waited for its lock
+    if not going:
         raise Conflict(f"sweep {sweep.id} already ended; nothing to cancel")
-    for run in live:
-        if run.state != RunState.CANCELLING:
-            cancel_run(session, run.id, principal)
 
 
 def sweep_state(states: Sequence[RunState]) -> RunState:

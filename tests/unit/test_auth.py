@@ -311,6 +311,31 @@ def test_quota_refuses_a_run_that_would_exceed_it(app: Any, world: World) -> Non
     assert call(app, gamma, "POST", "/v1/runs", json=spec).status_code == 201
 
 
+def test_a_sweep_holds_quota_for_the_members_it_runs_at_once(app: Any, world: World) -> None:
+    """Admission charges min(max_parallel, points); what counts as in use must agree."""
+    admin = world.tokens["admin"]
+    call(app, admin, "PUT", "/v1/admin/teams/delta", json={"gpu_quota": 3})
+    delta = call(
+        app,
+        admin,
+        "POST",
+        "/v1/admin/tokens",
+        json={"user": "dee", "team": "delta", "role": "user"},
+    ).json()["token"]
+    sweep = {**SPEC, "name": "qs", "sweep": {"grid": {"seed": [1, 2, 3, 4, 5]}, "max_parallel": 2}}
+    made = call(app, delta, "POST", "/v1/sweeps", json=sweep)
+    assert made.status_code == 201, made.text
+    # 5 pending members of 1 GPU each, at most 2 at once: 2 of the 3 GPUs are in use.
+    assert call(app, delta, "POST", "/v1/runs", json=SPEC).status_code == 201
+    refused = call(app, delta, "POST", "/v1/runs", json=SPEC)
+    assert refused.status_code == 403 and "quota of 3 GPUs, 3 in use" in refused.json()["detail"]
+    assert call(app, delta, "POST", "/v1/sweeps", json=sweep).status_code == 403
+    # Down to one live member, the sweep holds one GPU.
+    for member in made.json()["runs"][1:]:
+        call(app, delta, "POST", f"/v1/runs/{member['id']}/cancel")
+    assert call(app, delta, "POST", "/v1/runs", json=SPEC).status_code == 201
+
+
 def test_oversized_bodies_are_refused_before_they_are_read(app: Any, world: World) -> None:
     big = b'{"name": "' + b"x" * (2 << 20) + b'"}'
     response = TestClient(app).post(

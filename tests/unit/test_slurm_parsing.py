@@ -58,8 +58,12 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     assert "#SBATCH --array=0-2%2" in script
     assert f"#SBATCH --output={req.job_folder}/%A_%a_0_log.out" in script
     tokens = req.job_folder / "tokens"
-    assert f'export RUNYARD_TOKEN="$(cat {tokens}/"$SLURM_ARRAY_TASK_ID".token)"' in script
+    assert f'export RUNYARD_TOKEN="$(cat {tokens}/"${{SLURM_ARRAY_TASK_ID:-0}}".token)"' in script
     assert req.token_file(2) == tokens / "2.token"
+    assert req.task_job_id("40", 2) == "40_2"
+    # submitit sends a batch of one as a plain job: no task id, and the job id is the array's.
+    alone = replace(req, attempt_ids=(11,), run_ids=(1,))
+    assert alone.task_job_id("41", 0) == "41" and alone.token_file(0) == tokens / "0.token"
     assert "--switches" not in script  # one node per task: nothing to keep together
     wide = sbatch_parameters(replace(req, num_nodes=4), get_settings())
     assert wide["additional_parameters"]["switches"] == "1@05:00"

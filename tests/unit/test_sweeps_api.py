@@ -6,10 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, delete, func, select
 from sqlalchemy.orm import Session
 
-from service.models import Run, Sweep
+from service.auth.principal import Principal
+from service.config import get_settings
+from service.models import Role, Run, RunState, Sweep
+from service.runs.lifecycle import set_run_state
+from service.sweeps.schemas import SweepSpec
+from service.sweeps.service import cancel_sweep, create_sweep, members
 from tests.unit.test_api_validation import good_spec
 
 
@@ -78,3 +83,34 @@ def test_cancel_ends_every_unsubmitted_run_and_twice_is_a_409(api: Any) -> None:
     assert cancelled.json()["counts"] == {"CANCELLED": 3}
     assert api.post(f"/v1/sweeps/{sweep['id']}/cancel").status_code == 409
     assert api.get("/v1/sweeps/999999").status_code == 404
+
+
+def test_cancel_leaves_a_member_that_ended_meanwhile_as_it_ended(database_url: str) -> None:
+    """The request read the members before the reconciler committed one's end: locking the
+    run must show its new state, not overwrite SUCCEEDED with CANCELLING."""
+    engine = create_engine(database_url)
+    principal = Principal(token_id=0, user="ann", team="race", role=Role.USER)
+    spec = SweepSpec.model_validate(sweep_spec({"seed": [1, 2]}, name="race"))
+    with Session(engine) as s, s.begin():
+        sweep, runs = create_sweep(s, spec, get_settings(), principal)
+        for run in runs:
+            set_run_state(s, run, RunState.RUNNING, "training")
+        sweep_id, first = sweep.id, runs[0].id
+    try:
+        with Session(engine) as request, request.begin():
+            read = members(request, sweep_id)  # held: the session keeps these copies
+            assert [r.state for r in read] == [RunState.RUNNING] * 2
+            with Session(engine) as reconciler, reconciler.begin():
+                ended = reconciler.get(Run, first)
+                assert ended is not None
+                set_run_state(reconciler, ended, RunState.SUCCEEDED, "trained")
+            swept = request.get(Sweep, sweep_id)
+            assert swept is not None
+            cancel_sweep(request, swept, principal)
+        with Session(engine) as s:
+            states = [r.state for r in members(s, sweep_id)]
+        assert states == [RunState.SUCCEEDED, RunState.CANCELLING]
+    finally:
+        with Session(engine) as s, s.begin():
+            s.execute(delete(Sweep).where(Sweep.id == sweep_id))
+        engine.dispose()
