@@ -105,9 +105,10 @@ def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
 
 
 def jobs_by_name(prefix: str) -> dict[str, str]:
-    """Live jobs whose name starts with `prefix`: name -> job id (adopts orphans). Raises
+    """Jobs slurmctld knows whose name starts with `prefix`: name -> id (adopts orphans). Raises
     SlurmError when squeue fails: "cannot tell" must not read as "none queued"."""
-    out = run_slurm(["squeue", "-h", "-o", "%j|%i"])
+    # -t all: a job that already ended (slurmctld keeps it for MinJobAge) was still ours.
+    out = run_slurm(["squeue", "-h", "-t", "all", "-o", "%j|%i"])
     found = {}
     for line in out.splitlines():
         name, _, job_id = line.strip().partition("|")
@@ -117,9 +118,9 @@ def jobs_by_name(prefix: str) -> dict[str, str]:
 
 
 def array_job_by_name(name: str) -> str | None:
-    """The id of the live job array named `name` (adopts one submitted before a crash).
+    """The id of the job array named `name` slurmctld knows (adopts one sbatched before a crash).
     Raises SlurmError when squeue fails: "cannot tell" must not read as "not queued"."""
-    out = run_slurm(["squeue", "-h", "-r", "-n", name, "-o", "%F"])
+    out = run_slurm(["squeue", "-h", "-r", "-t", "all", "-n", name, "-o", "%F"])
     ids = {line.strip() for line in out.splitlines() if line.strip()}
     return min(ids, key=int) if ids else None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -143,6 +145,92 @@ def test_a_sweep_run_whose_node_fails_moves_to_a_spare(
     )
     assert len(client.get_run(other)["attempts"]) == 1
     assert client.get_run(victim)["num_hardware_restarts"] == 1
+
+
+@contextmanager
+def reconciler_paused(service: ServiceProcess) -> Iterator[None]:
+    """The API without its reconciler: what the service looks like between two passes."""
+    service.stop()
+    service.env["RUNYARD_RUN_RECONCILER"] = "false"
+    service.start()
+    try:
+        yield
+    finally:
+        service.stop()
+        service.env["RUNYARD_RUN_RECONCILER"] = "true"
+        service.start()
+
+
+def test_a_sweep_down_to_one_member_runs_it_as_a_plain_job(
+    service: ServiceProcess, slurm_cluster
+) -> None:
+    """submitit sends a batch of one as a plain job (no array, no task id): the member
+    still gets its token and its job id."""
+    client = service.client()
+    with reconciler_paused(service):
+        grid = {"seed": [1, 2, 3]}
+        sweep = client.submit_sweep(sweep_spec("sweep-one", grid, max_parallel=2, steps=20))
+        for member in sweep["runs"][1:]:
+            client.cancel_run(member["id"])
+    survivor = sweep["runs"][0]["id"]
+    wait_for(
+        "the last member to succeed",
+        lambda: client.get_run(survivor)["state"] == "SUCCEEDED",
+        timeout_s=180,
+    )
+    done = client.get_sweep(sweep["id"])
+    assert done["counts"] == {"SUCCEEDED": 1, "CANCELLED": 2}
+    job = done["slurm_array_job_id"]
+    assert "_" not in job and done["runs"][0]["slurm_job_id"] == job
+    conf = str(slurm_cluster.slurm_conf)
+    assert job_fields(job, conf).get("ArrayJobId") is None  # a plain job, not an array
+
+
+def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
+    service: ServiceProcess, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first half of a submission (attempts recorded, tokens minted, sbatch) done by a
+    service that then died: the next one adopts the array by name, submits nothing, and
+    mints no token (minting would revoke the ones the tasks already run on)."""
+    from service.config import get_settings
+    from service.reconcile import sweeps as reconcile_sweeps
+    from service.reconcile.attempts import mint_worker_token
+    from service.slurm.submit import submit_array, write_token_file
+
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    with reconciler_paused(service):
+        grid = {"seed": [1, 2]}
+        sweep = client.submit_sweep(sweep_spec("sweep-adopt", grid, max_parallel=2, steps=20))
+        for key, value in service.env.items():
+            if key.startswith("RUNYARD_") or key == "SLURM_CONF":
+                monkeypatch.setenv(key, value)
+        get_settings.cache_clear()
+        try:
+            settings = get_settings()
+            req = next(r for r in reconcile_sweeps._prepare(settings) if r.sweep_id == sweep["id"])
+            for task, pair in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
+                write_token_file(req.token_file(task), mint_worker_token(*pair))
+            array = submit_array(req, settings)
+        finally:
+            get_settings.cache_clear()
+        assert client.get_sweep(sweep["id"])["slurm_array_job_id"] is None  # never recorded
+        wait_for(
+            "both tasks to start on the tokens minted before the crash",
+            lambda: (
+                slurm("squeue", "-h", "-r", "-j", array, "-o", "%t", conf=conf).split()
+                == ["R", "R"]
+            ),
+        )
+    wait_for(
+        "both members to succeed on the adopted array",
+        lambda: client.get_sweep(sweep["id"])["state"] == "SUCCEEDED",
+        timeout_s=180,
+    )
+    done = client.get_sweep(sweep["id"])
+    assert done["slurm_array_job_id"] == array
+    assert [r["slurm_job_id"] for r in done["runs"]] == [f"{array}_0", f"{array}_1"]
+    named = slurm("squeue", "-h", "-r", "-t", "all", "-n", req.job_name, "-o", "%F", conf=conf)
+    assert set(named.split()) <= {array}, f"a second array was queued: {named}"
 
 
 def test_an_array_submitted_before_a_crash_is_found_again_by_its_name(
