@@ -140,7 +140,10 @@ def _saved_shape(cluster: DevCluster) -> ClusterShape | None:
 
 
 def _ensure_munge(table: dict[str, Started], cluster: DevCluster) -> None:
-    if _run(["pgrep", "-x", "munged"]).returncode == 0:
+    # Ask the daemon itself: a stopped munged can linger as a zombie that pgrep still lists
+    # (containers whose PID 1 does not reap), and taking it for a live one leaves Slurm
+    # without authentication.
+    if _run(["munge", "-n"]).returncode == 0:
         return  # someone's munged already serves the default socket; not ours to manage
     for folder in MUNGE_DIRS:
         folder.mkdir(parents=True, exist_ok=True)

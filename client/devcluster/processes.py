@@ -56,8 +56,20 @@ def spawn(
     return Started(name=name, pid=popen.pid, executable=executable, log=str(log))
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                return True
+    return False
+
+
 def stop(proc: Started, timeout_s: float = 10.0) -> bool:
-    """SIGTERM, then SIGKILL after `timeout_s`. True if it was running."""
+    """SIGTERM the process group, then SIGKILL after `timeout_s`; returns once the whole
+    group is gone (a daemon under runuser outlives runuser by a moment, and a `dev up`
+    right after must not take the dying daemon for a running one). True if it was running."""
     if not is_alive(proc):
         return False
     try:
@@ -66,11 +78,13 @@ def stop(proc: Started, timeout_s: float = 10.0) -> bool:
         return False
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not is_alive(proc):
+        if not is_alive(proc) and not _group_alive(proc.pid):
             return True
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    while _group_alive(proc.pid) and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
     return True
 
 
