@@ -282,26 +282,17 @@ def test_admin_actions_are_audited(app: Any, world: World) -> None:
     assert call(app, world.tokens["user"], "GET", "/v1/admin/audit").status_code == 403
 
 
-def test_quota_refuses_a_run_that_would_exceed_it(app: Any, world: World) -> None:
+def user_of_team_with_quota(app: Any, world: World, team: str, user: str, gpus: int) -> str:
+    """A user token of `team`, whose GPU quota an admin set to `gpus`."""
     admin = world.tokens["admin"]
-    call(app, admin, "PUT", "/v1/admin/teams/gamma", json={"gpu_quota": 3})
-    gamma = call(
-        app,
-        admin,
-        "POST",
-        "/v1/admin/tokens",
-        json={"user": "gus", "team": "gamma", "role": "user"},
-    ).json()["token"]
-    spec = {
-        "name": "q",
-        "model": "tiny",
-        "nodes": 2,
-        "gpus_per_node": 1,
-        "seq_len": 64,
-        "global_batch": 4,
-        "steps": 10,
-        "checkpoint_every": 5,
-    }
+    call(app, admin, "PUT", f"/v1/admin/teams/{team}", json={"gpu_quota": gpus})
+    body = {"user": user, "team": team, "role": "user"}
+    return call(app, admin, "POST", "/v1/admin/tokens", json=body).json()["token"]
+
+
+def test_quota_refuses_a_run_that_would_exceed_it(app: Any, world: World) -> None:
+    gamma = user_of_team_with_quota(app, world, "gamma", "gus", gpus=3)
+    spec = {**SPEC, "name": "q", "nodes": 2}
     first = call(app, gamma, "POST", "/v1/runs", json=spec)
     assert first.status_code == 201 and first.json()["team"] == "gamma"
     second = call(app, gamma, "POST", "/v1/runs", json=spec)
@@ -313,15 +304,7 @@ def test_quota_refuses_a_run_that_would_exceed_it(app: Any, world: World) -> Non
 
 def test_a_sweep_holds_quota_for_the_members_it_runs_at_once(app: Any, world: World) -> None:
     """Admission charges min(max_parallel, points); what counts as in use must agree."""
-    admin = world.tokens["admin"]
-    call(app, admin, "PUT", "/v1/admin/teams/delta", json={"gpu_quota": 3})
-    delta = call(
-        app,
-        admin,
-        "POST",
-        "/v1/admin/tokens",
-        json={"user": "dee", "team": "delta", "role": "user"},
-    ).json()["token"]
+    delta = user_of_team_with_quota(app, world, "delta", "dee", gpus=3)
     sweep = {**SPEC, "name": "qs", "sweep": {"grid": {"seed": [1, 2, 3, 4, 5]}, "max_parallel": 2}}
     made = call(app, delta, "POST", "/v1/sweeps", json=sweep)
     assert made.status_code == 201, made.text
