@@ -15,8 +15,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from service.planner.plan import PlanError, plan  # noqa: E402
-from service.planner.presets import MODEL_PRESETS  # noqa: E402
+from planner.plan import PlanError, plan  # noqa: E402
+from planner.presets import MODEL_PRESETS  # noqa: E402
 
 MODELS = ("llama3-1b", "llama3-8b", "llama3-70b", "llama3-405b")
 GPU_COUNTS = (8, 512, 2048, 10_240)

@@ -20,9 +20,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from service.planner.plan import plan  # noqa: E402
-from service.planner.presets import MODEL_PRESETS  # noqa: E402
-from service.planner.step_time import layer_time  # noqa: E402
+from planner.plan import plan  # noqa: E402
+from planner.presets import MODEL_PRESETS  # noqa: E402
+from planner.step_time import layer_time  # noqa: E402
 
 TARGET_S = 1.0
 REPEATS = 5

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
-from worker.config import ResumePoint
+from contract import ResumePoint
 from worker.errors import CheckpointNotCommittedError
 from worker.faults import maybe_crash
 from worker.files import folder_size, remove_tree, write_atomic

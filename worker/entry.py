@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from worker.config import ExitCode
+from contract import ExitCode
 
 
 def run_attempt(service_url: str, attempt_id: int) -> None:

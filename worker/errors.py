@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.config import ExitCode
+from contract import ExitCode
 
 
 class WorkerError(Exception):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 INIT_STD = 0.02  # GPT-2 / Llama reference init
 

@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 from worker.errors import DoNotRetryError
 
 MAX_BUFFERED = 100_000  # ~10 MB of metric rows: days of steps at one row per step

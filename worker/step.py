@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 from worker.data import TokenBatches
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence

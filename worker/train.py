@@ -26,7 +26,7 @@ import torch.distributed as dist
 import yaml
 
 from worker import checkpoint
-from worker.config import ExitCode, ResumePoint, WorkerRunConfig
+from contract import ExitCode, ResumePoint, WorkerRunConfig
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.auth.deps import USERS
-from service.planner.schemas import PlanResult
+from planner.schemas import PlanResult
 from service.plans.schemas import PlanRequest
 from service.plans.service import plan_request
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.config import ModelShape, Recompute
+from contract import ModelShape, Recompute
 
 
 class PinnedLayout(BaseModel):

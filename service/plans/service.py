@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from service.errors import InvalidSpec
-from service.planner.advice import PlanError
-from service.planner.plan import plan
-from service.planner.presets import MODEL_PRESETS
-from service.planner.schemas import PlanResult
+from planner.advice import PlanError
+from planner.plan import plan
+from planner.presets import MODEL_PRESETS
+from planner.schemas import PlanResult
 from service.plans.schemas import PlanRequest
-from worker.config import ModelShape, ParallelLayout
+from contract import ModelShape, ParallelLayout
 
 
 def shape_of(model: str | ModelShape) -> ModelShape:

@@ -44,7 +44,7 @@ from service.slurm.placement import choose_nodes, placement_cost
 from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
-from worker.config import ExitCode
+from contract import ExitCode
 
 log = logging.getLogger(__name__)
 # Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.

@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Attempt, AttemptState, Run, RunState
 from service.runs.lifecycle import set_attempt_state, set_run_state
-from worker.config import ExitCode
+from contract import ExitCode
 
 
 def end_attempt_and_restart(

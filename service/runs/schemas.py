@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
-from worker.config import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
+from contract import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
 
 
 class _Spec(BaseModel):

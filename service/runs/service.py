@@ -9,14 +9,14 @@ from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.models import Attempt, Run, RunState, Team
-from service.planner.hardware import hardware_named
-from service.planner.resolve import LayoutError, resolve_layout
+from planner.hardware import hardware_named
+from planner.resolve import LayoutError, resolve_layout
 from service.plans.service import admit, shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, RunOut, RunSpec
-from worker.config import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
+from contract import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
 
 
 def model_shape(spec: RunSpec) -> ModelShape:

@@ -18,7 +18,7 @@ from service.workers.schemas import (
     ProgressAck,
     ProgressReport,
 )
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 
 router = APIRouter(
     prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"], dependencies=[WORKER_OF_ATTEMPT]

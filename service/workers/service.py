@@ -27,7 +27,7 @@ from service.workers.schemas import (
     FinishReport,
     ProgressReport,
 )
-from worker.config import ExitCode
+from contract import ExitCode
 
 
 def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:

@@ -70,7 +70,7 @@ def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> Non
             # tp peers must share a node's NVLink domain; this node has 1 rank.
             {"parallelism": {"dp": 1, "tp": 2, "micro_batch_size": 1}, "global_batch": 1},
             "tp",
-            "NVLink domain",
+            "must stay inside one node",
         ),
     ],
 )

@@ -4,7 +4,7 @@
 more compute). `selective` keeps every matmul and attention output and the results of
 collectives, and recomputes the cheap elementwise work between them (norms, RoPE, SiLU,
 the SwiGLU product): most of the memory of `full` is saved for a few percent of the time.
-This is the split the planner's memory model assumes (service/planner/memory.py).
+This is the split the planner's memory model assumes (planner/memory.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from worker.config import Recompute
+from contract import Recompute
 from worker.model import Transformer
 
 _aten, _c10d = torch.ops.aten, torch.ops._c10d_functional

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from worker.config import ParallelLayout, Precision
+from contract import ParallelLayout, Precision
 from worker.model import Transformer
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from worker.config import Float8Scaling
+from contract import Float8Scaling
 from worker.errors import UnsupportedLayoutError
 
 MIN_FP8_CAPABILITY = (8, 9)  # sm_89 (Ada) and sm_90 (Hopper) have FP8 tensor cores

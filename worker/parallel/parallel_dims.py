@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from worker.config import ParallelLayout
+from contract import ParallelLayout
 from worker.errors import DoNotRetryError
 
 # Outermost to innermost. tp innermost so tensor-parallel peers are adjacent ranks, which the

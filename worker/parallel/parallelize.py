@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from worker.config import Float8Scaling, ParallelLayout, Precision, WorkerRunConfig
+from contract import Float8Scaling, ParallelLayout, Precision, WorkerRunConfig
 from worker.model import Transformer
 from worker.parallel.activation_checkpoint import apply_activation_checkpointing, apply_compile
 from worker.parallel.context_parallel import apply_context_parallel

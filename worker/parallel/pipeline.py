@@ -9,7 +9,7 @@ Uneven splits are allowed: when pp x vp does not divide the layers, the extra bl
 the stages farthest from both ends. The first stage also holds the embedding and, under
 1F1B, the most micro batches in flight; the last holds the output head and the loss; so
 Llama 3 took a block off each (Llama 3 paper, section 3.3.2). The busiest stage then has
-ceil(layers / (pp x vp)) blocks, which is what the planner charges (service/planner/layout.py).
+ceil(layers / (pp x vp)) blocks, which is what the planner charges (planner/layout.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from worker.config import ParallelLayout, PipelineSchedule
+from contract import ParallelLayout, PipelineSchedule
 from worker.model import Transformer
 
 

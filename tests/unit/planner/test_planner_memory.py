@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.planner.layout import Layout
-from service.planner.memory import (
+from planner.layout import Layout
+from planner.memory import (
     FIXED_OVERHEAD_BYTES,
     FRAGMENTATION,
     activation_bytes_per_token,
@@ -13,9 +13,9 @@ from service.planner.memory import (
     memory_per_gpu,
     stage_params,
 )
-from service.planner.presets import MODEL_PRESETS
-from service.planner.transformer import layer_params
-from worker.config import ModelShape
+from planner.presets import MODEL_PRESETS
+from planner.transformer import layer_params
+from contract import ModelShape
 
 LLAMA3_8B = MODEL_PRESETS["llama3-8b"]
 # A GPT-3-style layer: multi-head attention, GELU MLP of 4h.

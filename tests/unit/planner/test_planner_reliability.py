@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service.planner.presets import MODEL_PRESETS
-from service.planner.reliability import (
+from planner.presets import MODEL_PRESETS
+from planner.reliability import (
     DEFAULT_FAILURES_PER_GPU_HOUR,
     assess,
     checkpoint_interval_s,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from service.planner.hardware import HARDWARE, Network
-from service.planner.plan import PlanError, explain_does_not_fit, plan
-from service.planner.presets import MODEL_PRESETS
-from service.planner.search import Pinned, Request, search
-from worker.config import ModelShape
+from planner.hardware import HARDWARE, Network
+from planner.plan import PlanError, explain_does_not_fit, plan
+from planner.presets import MODEL_PRESETS
+from planner.search import Pinned, Request, search
+from contract import ModelShape
 
 LLAMA3_8B = MODEL_PRESETS["llama3-8b"]
 ONE_MILLION = 2**20
@@ -48,7 +48,7 @@ def test_batch_that_dp_cannot_split_is_indivisible() -> None:
     outcome = search(request(batch_tokens=12 * 8192, dp=8))
     assert not outcome.ranked
     assert outcome.rejected["indivisible"] > 0
-    assert "global batch of 12 sequences" in outcome.examples["indivisible"]
+    assert "global_batch (12) must be divisible" in outcome.examples["indivisible"]
 
 
 def test_zero3_with_pipeline_is_unsupported() -> None:
@@ -93,7 +93,7 @@ def test_pinned_tp_that_does_not_divide_kv_heads_names_the_field() -> None:
     with pytest.raises(PlanError) as caught:
         plan(LLAMA3_8B, "h100-sxm", 24, 8192, 3 * ONE_MILLION, pinned={"tp": 3})
     assert caught.value.field == "tp"
-    assert "must divide kv_heads (8)" in caught.value.message
+    assert "must divide the model's heads (32)" in caught.value.message
 
 
 @pytest.mark.parametrize(

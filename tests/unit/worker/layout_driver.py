@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 from worker.reporter import FileReporter, Reporter
 from worker.train import train_loop
 

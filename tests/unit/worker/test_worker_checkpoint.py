@@ -11,7 +11,7 @@ import torch
 from worker_helpers import TINY_MODEL
 
 from worker import checkpoint
-from worker.config import ModelShape
+from contract import ModelShape
 from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
 from worker.errors import CheckpointNotCommittedError
 from worker.model import build_model

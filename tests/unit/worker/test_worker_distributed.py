@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.config import ParallelLayout
+from contract import ParallelLayout
 from worker.distributed import (
     PORT_BASE,
     LaunchEnv,

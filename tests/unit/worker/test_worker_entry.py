@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from worker_helpers import FakeService, free_port, tiny_spec
 
-from worker.config import ExitCode
+from contract import ExitCode
 from worker.entry import run_attempt
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from worker_helpers import clean_env, tiny_spec
 
 from worker.checkpoint import MARKER
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import read_launch_env
 from worker.model import build_model

@@ -8,7 +8,7 @@ import pytest
 import torch
 from worker_helpers import TINY_MODEL
 
-from worker.config import ModelShape
+from contract import ModelShape
 from worker.model import Transformer, apply_rope, build_model, rope_tables
 
 SHAPE = ModelShape(**TINY_MODEL)

@@ -20,7 +20,7 @@ import yaml
 from worker_helpers import clean_env, free_port, tiny_spec
 
 from worker.checkpoint import MARKER, latest_committed
-from worker.config import WorkerRunConfig
+from contract import WorkerRunConfig
 from worker.distributed import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import train

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from worker_helpers import tiny_spec
 
-from worker.config import ExitCode, WorkerRunConfig
+from contract import ExitCode, WorkerRunConfig
 from worker.distributed import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import lr_at, main, train

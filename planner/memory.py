@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 from .layout import Layout
 from .transformer import kv_dim, layer_params, mlp_up_width

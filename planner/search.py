@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 from .collectives import Fabric
 from .hardware import Hardware, Network

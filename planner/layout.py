@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from worker.config import ModelShape
+from contract import LayoutProblem, ModelShape, degree_problems, schedule_problems
 
 from .hardware import Hardware
 
 
 class Reason(StrEnum):
-    """Why a layout was not chosen; the keys of the plan's `rejected` counts."""
+    """Why a layout was not chosen; the keys of the plan's `rejected` counts. The first two
+    are the contract's `ProblemKind`s, by value."""
 
     INDIVISIBLE = "indivisible"  # a degree does not divide what it must split
     UNSUPPORTED = "unsupported"  # a combination the worker's parallel code does not run
@@ -61,6 +62,12 @@ class Layout:
         return min(num_layers, per_virtual_stage * self.vp)
 
 
+def _first(problems: list[LayoutProblem]) -> tuple[Reason, str] | None:
+    if not problems:
+        return None
+    return Reason(problems[0].kind.value), problems[0].message
+
+
 def check_degrees(
     model: ModelShape,
     hardware: Hardware,
@@ -71,25 +78,13 @@ def check_degrees(
     cp: int,
     pp: int,
 ) -> tuple[Reason, str] | None:
-    """The checks that depend on the degrees alone (the search prunes whole blocks on them)."""
-    if model.kv_heads % tp or model.heads % tp:
-        return Reason.INDIVISIBLE, f"tp ({tp}) must divide kv_heads ({model.kv_heads})"
-    if model.ffn % tp:
-        return Reason.INDIVISIBLE, f"tp ({tp}) must divide ffn ({model.ffn})"
-    if seq_len % (2 * cp) or (seq_len // cp) % tp:
-        return Reason.INDIVISIBLE, (
-            f"seq_len ({seq_len}) must split into 2 x cp ({2 * cp}) chunks "
-            f"whose length divides by tp ({tp})"
-        )
-    if pp > model.layers:
-        return Reason.INDIVISIBLE, f"pp ({pp}) exceeds the model's {model.layers} layers"
-    if tp > gpus_per_node:
-        return Reason.UNSUPPORTED, (
-            f"tp ({tp}) must stay inside one node's NVLink domain ({gpus_per_node} GPUs)"
-        )
+    """The checks that depend on the degrees alone (the search prunes whole blocks on
+    them): the contract's rules, which the worker applies too, plus the hardware's."""
     if precision == "fp8" and hardware.peak_fp8_flops is None:
         return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
-    return None
+    return _first(
+        degree_problems(model, seq_len, tp=tp, cp=cp, pp=pp, gpus_per_node=gpus_per_node)
+    )
 
 
 def check_schedule(
@@ -101,27 +96,18 @@ def check_schedule(
     micro_batch_size: int,
     zero_stage: int,
 ) -> tuple[Reason, str] | None:
-    """The checks on batching, the pipeline schedule and sharding."""
-    if pp * vp > model.layers:
-        return Reason.INDIVISIBLE, (
-            f"pp x vp ({pp * vp}) exceeds the model's {model.layers} layers"
+    """The contract's checks on batching, the pipeline schedule and sharding."""
+    return _first(
+        schedule_problems(
+            model,
+            global_batch_seqs,
+            dp=dp,
+            pp=pp,
+            vp=vp,
+            micro_batch_size=micro_batch_size,
+            zero_stage=zero_stage,
         )
-    if global_batch_seqs % (dp * micro_batch_size):
-        return Reason.INDIVISIBLE, (
-            f"dp x micro_batch_size ({dp * micro_batch_size}) must divide "
-            f"the global batch of {global_batch_seqs} sequences"
-        )
-    grad_accum = global_batch_seqs // (dp * micro_batch_size)
-    if vp > 1 and (pp == 1 or grad_accum % pp):
-        return Reason.INDIVISIBLE, (
-            f"vp ({vp}) needs pp > 1 and micro batches ({grad_accum}) divisible by pp ({pp})"
-        )
-    if zero_stage == 3 and pp > 1:
-        return Reason.UNSUPPORTED, (
-            "zero_stage 3 with pp > 1 keeps parameters gathered across micro batches; "
-            "use zero_stage 1 or 2"
-        )
-    return None
+    )
 
 
 def check_layout(

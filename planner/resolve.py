@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from worker.config import (
+from contract import (
     ModelShape,
     ParallelLayout,
     PipelineSchedule,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 # The Llama 3 Herd of Models (Meta, 2024), section 3.3.4: 419 unexpected interruptions in
 # a 54-day snapshot of pre-training on 16,384 H100 GPUs (78 % attributed to hardware).

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 from .collectives import Fabric
 from .hardware import HBM_EFFICIENCY, Hardware

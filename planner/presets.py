@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 # Llama 3 family shapes from Meta's published model cards / params.json files
 # (Llama 3.2 1B and 3B, Llama 3.1 8B, 70B and 405B).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 from .advice import PlanError, misfit_error, no_layout_error
 from .hardware import GIB, Network, hardware_named

@@ -5,7 +5,7 @@ Everything here follows from the model shape alone: no hardware, no layout.
 
 from __future__ import annotations
 
-from worker.config import ModelShape
+from contract import ModelShape
 
 
 def kv_dim(model: ModelShape) -> int:

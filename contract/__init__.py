@@ -1,0 +1,40 @@
+"""What the service and the worker agree on, importing neither (pydantic only, no torch).
+
+The user-facing run spec (with `auto` and defaults) belongs to the service's API; what the
+planner resolves it into lives here: the model shape, the one layout type and the one rule
+set for it, the worker's run config, exit codes and stop reasons. Dependencies point one
+way, `client -> HTTP -> service -> contract <- worker`, and `make lint` keeps them so.
+"""
+
+from .exit_codes import ExitCode
+from .layout import (
+    Float8Scaling,
+    LayoutProblem,
+    ParallelLayout,
+    PipelineSchedule,
+    Precision,
+    ProblemKind,
+    Recompute,
+    degree_problems,
+    layout_problems,
+    schedule_problems,
+)
+from .model_shape import ModelShape
+from .run_config import ResumePoint, WorkerRunConfig
+
+__all__ = [
+    "ExitCode",
+    "Float8Scaling",
+    "LayoutProblem",
+    "ModelShape",
+    "ParallelLayout",
+    "PipelineSchedule",
+    "Precision",
+    "ProblemKind",
+    "Recompute",
+    "ResumePoint",
+    "WorkerRunConfig",
+    "degree_problems",
+    "layout_problems",
+    "schedule_problems",
+]

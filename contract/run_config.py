@@ -1,0 +1,61 @@
+"""The resolved config one attempt's ranks train with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from ._frozen import Frozen
+from .layout import ParallelLayout, layout_problems
+from .model_shape import ModelShape
+
+
+class ResumePoint(Frozen):
+    """The newest COMMITTED checkpoint a new attempt starts from."""
+
+    step: int = Field(ge=0, description="Optimizer steps completed when it was saved.")
+    path: str = Field(description="Checkpoint folder (holds the DCP files and the marker).")
+
+
+class WorkerRunConfig(Frozen):
+    """Everything one rank needs to train its part of one attempt of a run."""
+
+    run_id: int = Field(description="Service id of the run.")
+    attempt_id: int = Field(description="Service id of this attempt (one Slurm allocation).")
+    attempt_number: int = Field(ge=1, description="1 for the first attempt, then 2, 3, ...")
+    name: str = Field(description="Run name, for logs.")
+    model: ModelShape
+    layout: ParallelLayout
+    seq_len: int = Field(ge=8, description="Tokens per sequence.")
+    global_batch: int = Field(ge=1, description="Sequences per optimizer step, all ranks.")
+    steps: int = Field(ge=1, description="Optimizer steps for the whole run.")
+    lr: float = Field(gt=0, description="Peak learning rate (AdamW).")
+    warmup_steps: int = Field(default=10, ge=0, description="Linear warm-up, then cosine.")
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    seed: int = Field(default=1234, description="Seed for weights and data order.")
+    checkpoint_every: int = Field(ge=1, description="Save a checkpoint every N steps.")
+    checkpoint_dir: str = Field(description="This run's checkpoint folder (shared filesystem).")
+    keep_checkpoints: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
+    data: str = Field(default="builtin", description="'builtin' or a folder of token shards.")
+    data_cache_dir: str = Field(description="Where the builtin corpus is packed into shards.")
+    resume_from: ResumePoint | None = Field(default=None, description="None: start fresh.")
+    report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
+
+    @model_validator(mode="after")
+    def _layout_fits(self) -> WorkerRunConfig:
+        problems = layout_problems(self.model, self.layout, self.seq_len, self.global_batch)
+        if problems:
+            raise ValueError("; ".join(f"layout.{p.field}: {p.message}" for p in problems))
+        return self
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch // (self.layout.dp * self.layout.micro_batch_size)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.checkpoint_dir)
+
+
