@@ -37,7 +37,7 @@ from service.recovery.restart import end_attempt_and_restart
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import resolve, run_folder
+from service.runs.service import resolve, run_folder, stored_plan
 from service.slurm import commands
 from service.slurm.commands import JobStatus, SlurmError
 from service.slurm.placement import choose_nodes, placement_cost
@@ -145,13 +145,17 @@ def _wait_for_nodes(session: Session, run: Run, need: int, free: int) -> None:
         # The run allows fewer nodes and checkpoints reshard: continue on what is left.
         spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
         try:
-            _, layout = resolve(spec)
+            _, resolved = resolve(spec)
         except InvalidSpec as exc:
             reason = f"cannot shrink to {len(run.nodes)} nodes ({exc.detail}); waiting"
         else:
-            old = run.num_nodes
+            old, layout = run.num_nodes, resolved.layout
             run.num_nodes = len(run.nodes)
-            run.config = {**run.config, "layout": layout.model_dump(mode="json")}
+            run.config = {
+                **run.config,
+                "layout": layout.model_dump(mode="json"),
+                "plan": stored_plan(resolved),
+            }
             record_event(
                 session,
                 run,
