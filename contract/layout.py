@@ -139,7 +139,9 @@ def degree_problems(
         if size % tp:
             problems.append(
                 LayoutProblem(
-                    "tp", f"tp ({tp}) must divide the model's {name} ({size})", ProblemKind.INDIVISIBLE
+                    "tp",
+                    f"tp ({tp}) must divide the model's {name} ({size})",
+                    ProblemKind.INDIVISIBLE,
                 )
             )
     if gpus_per_node is not None and tp > gpus_per_node:
@@ -154,14 +156,20 @@ def degree_problems(
         )
     if pp > shape.layers:
         problems.append(
-            LayoutProblem("pp", f"pp ({pp}) exceeds the model's {shape.layers} layers", ProblemKind.INDIVISIBLE)
+            LayoutProblem(
+                "pp",
+                f"pp ({pp}) exceeds the model's {shape.layers} layers",
+                ProblemKind.INDIVISIBLE,
+            )
         )
     # Load-balanced causal context parallel cuts the sequence into 2 x cp chunks; sequence
     # parallel then cuts each rank's share by tp.
     if cp > 1 and seq_len % (2 * cp):
         problems.append(
             LayoutProblem(
-                "cp", f"seq_len ({seq_len}) must divide into 2 x cp ({2 * cp}) chunks", ProblemKind.INDIVISIBLE
+                "cp",
+                f"seq_len ({seq_len}) must divide into 2 x cp ({2 * cp}) chunks",
+                ProblemKind.INDIVISIBLE,
             )
         )
     elif tp > 1 and (seq_len // cp) % tp:
@@ -192,7 +200,9 @@ def schedule_problems(
     if pp * vp > shape.layers:
         problems.append(
             LayoutProblem(
-                "pp", f"pp x vp ({pp * vp}) exceeds the model's {shape.layers} layers", ProblemKind.INDIVISIBLE
+                "pp",
+                f"pp x vp ({pp * vp}) exceeds the model's {shape.layers} layers",
+                ProblemKind.INDIVISIBLE,
             )
         )
     if vp > 1 and pp == 1:
@@ -260,5 +270,3 @@ def layout_problems(
         micro_batch_size=layout.micro_batch_size,
         zero_stage=layout.zero_stage,
     )
-
-

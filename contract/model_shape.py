@@ -46,5 +46,3 @@ class ModelShape(Frozen):
         mlp = (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn
         norms = 2 * self.hidden
         return self.layers * (attention + mlp + norms) + 2 * self.vocab * self.hidden + self.hidden
-
-

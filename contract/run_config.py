@@ -57,5 +57,3 @@ class WorkerRunConfig(Frozen):
     @property
     def checkpoint_path(self) -> Path:
         return Path(self.checkpoint_dir)
-
-

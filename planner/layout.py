@@ -82,9 +82,7 @@ def check_degrees(
     them): the contract's rules, which the worker applies too, plus the hardware's."""
     if precision == "fp8" and hardware.peak_fp8_flops is None:
         return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
-    return _first(
-        degree_problems(model, seq_len, tp=tp, cp=cp, pp=pp, gpus_per_node=gpus_per_node)
-    )
+    return _first(degree_problems(model, seq_len, tp=tp, cp=cp, pp=pp, gpus_per_node=gpus_per_node))
 
 
 def check_schedule(

@@ -1,19 +1,23 @@
-"""Turn a run spec's `auto` parallelism into a concrete layout, or refuse with the reason.
+"""Turn a run spec's parallelism into the layout its ranks run with, and the plan behind it.
 
-The full layout search (memory, step time, reliability) is the planner's job; this fills in
-what the spec left out and checks the result against the worker's layout contract
-(`worker.config.layout_problems`, the same rules the worker applies before training), so a
-spec that no worker could run is refused at submission with the field to change, never
-discovered by a rank on the cluster.
+`parallelism: auto` (or any degree left out) means the planner's search: every unpinned
+degree comes from `plan()` with the same inputs `runyard plan` takes, so the CLI shows the
+answer the service reaches. What the user pinned stays pinned. The search prunes with the
+contract's rules (`contract.layout`), the same ones the worker checks before training, so
+the layout chosen is one the worker can run; a spec nothing can run is refused with the
+planner's reason and the spec field to change.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
 from contract import (
+    Float8Scaling,
     ModelShape,
     ParallelLayout,
     PipelineSchedule,
@@ -22,10 +26,13 @@ from contract import (
     layout_problems,
 )
 
-if TYPE_CHECKING:
-    from service.runs.schemas import ParallelismSpec
+from .advice import PlanError
+from .layout import PINNABLE
+from .plan import plan
+from .schemas import PlanResult
 
-MAX_AUTO_MICRO_BATCH = 8
+# Planner inputs named differently in the run spec.
+_SPEC_FIELD = {"num_gpus": "nodes", "global_batch_tokens": "global_batch"}
 
 
 class LayoutError(ValueError):
@@ -37,92 +44,132 @@ class LayoutError(ValueError):
         self.message = message
 
 
-def _pinned(pinned: ParallelismSpec | None, name: str) -> Any:
-    """A pinned value, or None. Read by name with a default: vp, schedule and compile flow
-    through as soon as the API's ParallelismSpec gains them."""
-    return getattr(pinned, name, None) if pinned is not None else None
+@dataclass(frozen=True)
+class Resolved:
+    """What the service stores with a run: the worker's layout and the planner's answer."""
+
+    layout: ParallelLayout
+    plan: PlanResult
 
 
-def _auto_micro_batch(per_rank: int, pp: int, vp: int) -> int:
-    """The largest micro batch (up to MAX_AUTO_MICRO_BATCH) that divides the rank's share of
-    the batch and leaves a pipeline enough micro batches: 1F1B needs at least pp of them,
-    interleaved 1F1B a multiple of pp. 1 if none does (the contract check then says why)."""
-    for size in range(min(per_rank, MAX_AUTO_MICRO_BATCH), 0, -1):
-        if per_rank % size:
-            continue
-        micro_batches = per_rank // size
-        if pp == 1 or (micro_batches >= pp and (vp == 1 or micro_batches % pp == 0)):
-            return size
-    return 1
+def planning_precision(precision: Precision) -> str:
+    """The format the planner costs a run in. CPU runs (fp32, the dev cluster) are planned
+    as BF16 on the cluster's GPU type: the numbers say what the same run would need there."""
+    return "fp8" if precision is Precision.FP8 else "bf16"
 
 
-def resolve_layout(
-    *,
-    shape: ModelShape,
-    world_size: int,
-    global_batch: int,
-    pinned: ParallelismSpec | None,
-    default_precision: Precision = Precision.FP32,
-    seq_len: int | None = None,
-) -> ParallelLayout:
-    """A layout for `world_size` ranks honouring every degree pinned in the spec.
-
-    `seq_len`, when given, also checks what context and sequence parallel need of it
-    (2 x cp chunks, each divisible by tp); the planner's admission checks it too.
-    """
-    tp: int = _pinned(pinned, "tp") or 1
-    pp: int = _pinned(pinned, "pp") or 1
-    cp: int = _pinned(pinned, "cp") or 1
-    vp: int = _pinned(pinned, "vp") or 1
+def _check_pinned_degrees(pins: Mapping[str, Any], world_size: int, global_batch: int) -> None:
+    """Refuse pins that cannot multiply out to the run's ranks, naming the spec field."""
+    tp, pp, cp = pins.get("tp", 1), pins.get("pp", 1), pins.get("cp", 1)
     if world_size % (tp * pp * cp):
         raise LayoutError(
             "parallelism",
             f"tp x pp x cp = {tp * pp * cp} does not divide the {world_size} ranks "
             "(nodes x gpus_per_node)",
         )
-    dp: int = _pinned(pinned, "dp") or world_size // (tp * pp * cp)
-    if dp * tp * pp * cp != world_size:
+    dp = pins.get("dp")
+    if dp is None:
+        return
+    if dp * tp * pp * cp != world_size and {"tp", "pp", "cp"} <= pins.keys():
         raise LayoutError(
             "parallelism.dp",
             f"dp x tp x pp x cp = {dp * tp * pp * cp} but the run has {world_size} ranks "
             "(nodes x gpus_per_node)",
         )
+    if world_size % dp:
+        raise LayoutError(
+            "parallelism.dp", f"dp ({dp}) does not divide the run's {world_size} ranks"
+        )
     if global_batch % dp:
         raise LayoutError(
             "global_batch", f"global_batch ({global_batch}) must be divisible by dp ({dp})"
         )
-    per_rank = global_batch // dp
-    micro: int = _pinned(pinned, "micro_batch_size") or _auto_micro_batch(per_rank, pp, vp)
-    if per_rank % micro:
+
+
+def _schedule_pins(pins: dict[str, Any]) -> None:
+    """A pinned schedule fixes what the search may choose for vp."""
+    schedule = pins.get("schedule")
+    if schedule is PipelineSchedule.ONE_F_ONE_B and "vp" not in pins:
+        pins["vp"] = 1
+    if schedule is PipelineSchedule.INTERLEAVED_1F1B and pins.get("vp", 1) < 2:
         raise LayoutError(
-            "parallelism.micro_batch_size",
-            f"micro_batch_size ({micro}) must divide global_batch / dp ({per_rank})",
+            "parallelism.vp", "schedule interleaved_1f1b needs vp pinned to 2 or more"
         )
-    schedule = _pinned(pinned, "schedule") or (
-        PipelineSchedule.INTERLEAVED_1F1B if vp > 1 else PipelineSchedule.ONE_F_ONE_B
-    )
+
+
+def resolve_layout(
+    *,
+    shape: ModelShape,
+    world_size: int,
+    gpus_per_node: int,
+    global_batch: int,
+    seq_len: int,
+    pinned: Mapping[str, Any],
+    hardware: str,
+    network: str,
+    worker_precision: Precision,
+) -> Resolved:
+    """The fastest layout of `world_size` ranks that fits and honours every pin.
+
+    `pinned` holds the spec's parallelism fields (None or absent: the planner chooses);
+    `worker_precision` is what the ranks compute in unless the spec pins a precision.
+    """
+    pins = {name: value for name, value in pinned.items() if value is not None}
+    _check_pinned_degrees(pins, world_size, global_batch)
+    _schedule_pins(pins)
+    precision = Precision(pins.get("precision", worker_precision))
+    if "fp8_scaling" in pins and precision is not Precision.FP8:
+        raise LayoutError(
+            "parallelism.fp8_scaling",
+            f"applies only to precision fp8 (this run computes in {precision.value}); "
+            "pin precision: fp8 or leave fp8_scaling out",
+        )
+    try:
+        result = plan(
+            shape,
+            hardware,
+            world_size,
+            seq_len,
+            global_batch * seq_len,
+            precision=planning_precision(precision),
+            network=network,
+            pinned={name: pins[name] for name in PINNABLE if name in pins},
+            gpus_per_node=gpus_per_node,
+            num_runners_up=0,
+        )
+    except PlanError as exc:
+        advice = f"; what would help: {', '.join(exc.advice)}" if exc.advice else ""
+        field = (
+            f"parallelism.{exc.field}"
+            if exc.field in PINNABLE
+            else _SPEC_FIELD.get(exc.field, exc.field)
+        )
+        raise LayoutError(field, f"{exc.message}{advice}") from exc
+    chosen = result.layout
     try:
         layout = ParallelLayout(
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            cp=cp,
-            vp=vp,
-            schedule=schedule,
-            zero_stage=_pinned(pinned, "zero_stage") or 0,
-            micro_batch_size=micro,
-            recompute=_pinned(pinned, "recompute") or Recompute.NONE,
-            precision=_pinned(pinned, "precision") or default_precision,
-            compile=bool(_pinned(pinned, "compile")),
+            dp=chosen.dp,
+            tp=chosen.tp,
+            pp=chosen.pp,
+            cp=chosen.cp,
+            vp=chosen.vp,
+            schedule=pins.get("schedule")
+            or (
+                PipelineSchedule.INTERLEAVED_1F1B if chosen.vp > 1 else PipelineSchedule.ONE_F_ONE_B
+            ),
+            zero_stage=chosen.zero_stage,
+            micro_batch_size=chosen.micro_batch_size,
+            recompute=Recompute(chosen.recompute),
+            precision=precision,
+            compile=bool(pins.get("compile", False)),
+            fp8_scaling=pins.get("fp8_scaling", Float8Scaling.TENSORWISE),
         )
     except ValidationError as exc:  # the schedule's own rules (vp and schedule disagree)
         message = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise LayoutError("parallelism.schedule", message) from exc
-    # The contract's seq_len checks run only when the caller knows it; a stand-in that
-    # satisfies them otherwise.
-    check_seq_len = seq_len if seq_len is not None else 2 * cp * tp
-    problems = layout_problems(shape, layout, check_seq_len, global_batch)
+    # The search pruned with these same rules; checked again so a planner change that
+    # breaks the contract is refused here, never discovered by a rank on the cluster.
+    problems = layout_problems(shape, layout, seq_len, global_batch, gpus_per_node)
     if problems:
-        field, message = problems[0]
-        raise LayoutError(f"parallelism.{field}", message)
-    return layout
+        raise LayoutError(f"parallelism.{problems[0].field}", problems[0].message)
+    return Resolved(layout=layout, plan=result)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.auth.deps import USERS
 from planner.schemas import PlanResult
+from service.auth.deps import USERS
 from service.plans.schemas import PlanRequest
 from service.plans.service import plan_request
 

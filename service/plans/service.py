@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from service.errors import InvalidSpec
+from contract import ModelShape
 from planner.advice import PlanError
 from planner.plan import plan
 from planner.presets import MODEL_PRESETS
 from planner.schemas import PlanResult
+from service.errors import InvalidSpec
 from service.plans.schemas import PlanRequest
-from contract import ModelShape, ParallelLayout
 
 
 def shape_of(model: str | ModelShape) -> ModelShape:
@@ -43,45 +43,3 @@ def plan_request(req: PlanRequest) -> PlanResult:
         )
     except PlanError as exc:
         raise _refusal(exc) from exc
-
-
-def admit(
-    shape: ModelShape,
-    layout: ParallelLayout,
-    *,
-    hardware: str,
-    network: str,
-    gpus_per_node: int,
-    seq_len: int,
-    global_batch: int,
-) -> PlanResult:
-    """Evaluate exactly the layout a run will use; refuse it (422) if it cannot fit.
-
-    CPU runs (fp32, the dev cluster) are planned as BF16 on the cluster's GPU type: the
-    numbers say what the same run would need and do there.
-    """
-    precision = layout.precision.value if layout.precision.value in ("bf16", "fp8") else "bf16"
-    pinned: dict[str, int | str | None] = {
-        "dp": layout.dp,
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "cp": layout.cp,
-        "zero_stage": layout.zero_stage,
-        "micro_batch_size": layout.micro_batch_size,
-        "recompute": layout.recompute.value,
-    }
-    try:
-        return plan(
-            shape,
-            hardware,
-            layout.world_size,
-            seq_len,
-            global_batch * seq_len,
-            precision=precision,
-            network=network,
-            pinned=pinned,
-            gpus_per_node=gpus_per_node,
-            num_runners_up=0,
-        )
-    except PlanError as exc:
-        raise _refusal(exc, "plan: ") from exc

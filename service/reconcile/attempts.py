@@ -14,6 +14,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contract import ExitCode
 from service.auth.service import create_token
 from service.config import Settings, get_settings
 from service.db import session_scope
@@ -44,7 +45,6 @@ from service.slurm.placement import choose_nodes, placement_cost
 from service.slurm.reservations import delete_reservation, ensure_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, submit_attempt, write_token_file
-from contract import ExitCode
 
 log = logging.getLogger(__name__)
 # Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from contract import ExitCode
 from service.models import Attempt, AttemptState, Run, RunState
 from service.runs.lifecycle import set_attempt_state, set_run_state
-from contract import ExitCode
 
 
 def end_attempt_and_restart(

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contract import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
-from contract import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
 
 
 class _Spec(BaseModel):

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
+from contract import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
+from planner.hardware import hardware_named
+from planner.resolve import LayoutError, Resolved, resolve_layout
 from service.auth.principal import Principal
 from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.models import Attempt, Run, RunState, Team
-from planner.hardware import hardware_named
-from planner.resolve import LayoutError, resolve_layout
-from service.plans.service import admit, shape_of
+from service.plans.service import shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, RunOut, RunSpec
-from contract import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
@@ -44,22 +46,19 @@ def fp8_available() -> bool:
         return False
 
 
-def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
-    """The layout this spec runs with, or a 422 naming the field to change."""
+def worker_precision(settings: Settings) -> Precision:
+    """What ranks compute in unless the spec pins a precision: fp32 on the CPU dev cluster
+    (gloo), BF16 mixed precision on GPUs."""
+    return Precision.FP32 if settings.accelerator == "cpu" else Precision.BF16
+
+
+def resolve(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
+    """The layout and plan this spec runs with (every unpinned degree from the planner's
+    search, as `runyard plan` answers), or a 422 naming the field to change."""
+    settings = settings or get_settings()
     shape = model_shape(spec)
-    pinned = None if spec.parallelism == "auto" else spec.parallelism
-    try:
-        layout = resolve_layout(
-            shape=shape,
-            world_size=spec.nodes * spec.gpus_per_node,
-            global_batch=spec.global_batch,
-            pinned=pinned,
-            seq_len=spec.seq_len,
-        )
-    except LayoutError as exc:
-        raise InvalidSpec(str(exc)) from exc
-    if layout.precision == Precision.FP8 and not fp8_available():
-        settings = get_settings()
+    pinned = {} if spec.parallelism == "auto" else spec.parallelism.model_dump(exclude_none=True)
+    if pinned.get("precision") == Precision.FP8 and not fp8_available():
         where = (
             "the workers train on CPU"
             if settings.accelerator == "cpu"
@@ -71,7 +70,44 @@ def resolve(spec: RunSpec) -> tuple[ModelShape, ParallelLayout]:
             f"checkpoint_every: {spec.checkpoint_every} is more than steps "
             f"({spec.steps}); the run would only checkpoint at its end"
         )
-    return shape, layout
+    try:
+        resolved = resolve_layout(
+            shape=shape,
+            world_size=spec.nodes * spec.gpus_per_node,
+            gpus_per_node=spec.gpus_per_node,
+            global_batch=spec.global_batch,
+            seq_len=spec.seq_len,
+            pinned=pinned,
+            hardware=settings.hardware,
+            network=settings.network,
+            worker_precision=worker_precision(settings),
+        )
+    except LayoutError as exc:
+        raise InvalidSpec(str(exc)) from exc
+    return shape, resolved
+
+
+def stored_plan(resolved: Resolved) -> dict[str, Any]:
+    """The plan as kept with the run (what `run show` prints), without the search's tallies."""
+    return resolved.plan.model_dump(
+        mode="json", exclude={"runners_up", "rejected", "rejected_examples"}
+    )
+
+
+def decide(
+    session: Session,
+    spec: RunSpec,
+    settings: Settings,
+    principal: Principal | None = None,
+    *,
+    quota: bool = True,
+) -> tuple[ModelShape, Resolved]:
+    """Everything the service decides about a spec before it becomes a run: the layout,
+    the plan, and the team's quota. `--dry-run` stops here."""
+    shape, resolved = resolve(spec, settings)
+    if principal is not None and quota:
+        check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
+    return shape, resolved
 
 
 def create_run(
@@ -83,18 +119,7 @@ def create_run(
     quota: bool = True,
 ) -> Run:
     """Resolve, plan and admit one run; `quota=False` when the caller checked it for a group."""
-    shape, layout = resolve(spec)
-    if principal is not None and quota:
-        check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
-    planned = admit(
-        shape,
-        layout,
-        hardware=settings.hardware,
-        network=settings.network,
-        gpus_per_node=spec.gpus_per_node,
-        seq_len=spec.seq_len,
-        global_batch=spec.global_batch,
-    )
+    shape, resolved = decide(session, spec, settings, principal, quota=quota)
     run = Run(
         name=spec.name,
         owner=principal.user if principal else "",
@@ -105,10 +130,8 @@ def create_run(
         spec=spec.model_dump(mode="json"),
         config={
             "model": shape.model_dump(mode="json"),
-            "layout": layout.model_dump(mode="json"),
-            "plan": planned.model_dump(
-                mode="json", exclude={"runners_up", "rejected", "rejected_examples"}
-            ),
+            "layout": resolved.layout.model_dump(mode="json"),
+            "plan": stored_plan(resolved),
         },
         num_nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,

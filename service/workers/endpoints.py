@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from contract import WorkerRunConfig
 from service.auth.deps import WORKER_OF_ATTEMPT
 from service.config import get_settings
 from service.db import SessionDep
@@ -18,7 +19,6 @@ from service.workers.schemas import (
     ProgressAck,
     ProgressReport,
 )
-from contract import WorkerRunConfig
 
 router = APIRouter(
     prefix="/v1/worker/attempts/{attempt_id}", tags=["worker"], dependencies=[WORKER_OF_ATTEMPT]

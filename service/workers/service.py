@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from contract import ExitCode
 from service.errors import Conflict, NotFound
 from service.models import (
     Attempt,
@@ -27,7 +28,6 @@ from service.workers.schemas import (
     FinishReport,
     ProgressReport,
 )
-from contract import ExitCode
 
 
 def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Run]:
