@@ -21,8 +21,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from planner.plan import plan  # noqa: E402
 from contract import ModelShape  # noqa: E402
+from planner.plan import plan  # noqa: E402
 
 CASES_PATH = REPO_ROOT / ".." / "shared" / "planner_cases.json"
 TARGET_MEDIAN = 0.10

@@ -12,10 +12,10 @@ import typer
 from pydantic import ValidationError
 
 from client.output import Exit, console, fail, print_json, print_table
+from contract import ModelShape
 from planner.plan import PlanError
 from planner.plan import plan as plan_run
 from planner.presets import MODEL_PRESETS
-from contract import ModelShape
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp")
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from contract import ModelShape, ParallelLayout, PipelineSchedule, WorkerRunConfig
 from planner.resolve import LayoutError, resolve_layout
 from service.runs.schemas import ParallelismSpec
-from contract import ModelShape, ParallelLayout, PipelineSchedule, WorkerRunConfig
 
 # Llama-style and small: 8 layers, 8 heads over 4 kv heads, everything divisible by 4.
 SHAPE = ModelShape(layers=8, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract import ModelShape
 from planner.layout import Layout
 from planner.memory import (
     FIXED_OVERHEAD_BYTES,
@@ -15,7 +16,6 @@ from planner.memory import (
 )
 from planner.presets import MODEL_PRESETS
 from planner.transformer import layer_params
-from contract import ModelShape
 
 LLAMA3_8B = MODEL_PRESETS["llama3-8b"]
 # A GPT-3-style layer: multi-head attention, GELU MLP of 4h.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from contract import ModelShape
 from planner.hardware import HARDWARE, Network
 from planner.plan import PlanError, explain_does_not_fit, plan
 from planner.presets import MODEL_PRESETS
 from planner.search import Pinned, Request, search
-from contract import ModelShape
 
 LLAMA3_8B = MODEL_PRESETS["llama3-8b"]
 ONE_MILLION = 2**20

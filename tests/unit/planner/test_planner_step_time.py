@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from contract import ModelShape
 from planner.collectives import Fabric
 from planner.hardware import HARDWARE, Network
 from planner.layout import Layout
 from planner.presets import MODEL_PRESETS
 from planner.step_time import StepTime, estimate_step
 from planner.transformer import matmul_params, model_flops_per_token
-from contract import ModelShape
 
 H100 = HARDWARE["h100-sxm"]
 FABRIC = Fabric.of(H100, Network.IB, 8)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from worker_helpers import TINY_MODEL
 
-from worker import checkpoint
 from contract import ModelShape
+from worker import checkpoint
 from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
 from worker.errors import CheckpointNotCommittedError
 from worker.model import build_model

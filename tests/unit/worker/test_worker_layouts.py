@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from worker_helpers import clean_env, tiny_spec
 
-from worker.checkpoint import MARKER
 from contract import WorkerRunConfig
+from worker.checkpoint import MARKER
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import read_launch_env
 from worker.model import build_model

@@ -13,8 +13,8 @@ import pytest
 import torch
 from worker_helpers import tiny_spec
 
-from worker import checkpoint
 from contract import Float8Scaling, ModelShape, WorkerRunConfig
+from worker import checkpoint
 from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
 from worker.model import Transformer, build_model
 from worker.parallel.context_parallel import local_positions, shard_sequence
