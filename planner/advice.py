@@ -30,9 +30,10 @@ def no_layout_error(request: Request, outcome: SearchOutcome) -> PlanError:
         return misfit_error(request, outcome.closest_misfit)
     for reason in ("indivisible", "unsupported"):
         if reason in outcome.examples:
-            sentence = outcome.examples[reason]
-            field = sentence.split(" ", 1)[0]
-            return PlanError(field if field in PINNABLE else "parallelism", sentence)
+            field = outcome.example_fields.get(reason, "")
+            return PlanError(
+                field if field in PINNABLE else "parallelism", outcome.examples[reason]
+            )
     return PlanError("parallelism", f"no layout of {request.num_gpus} GPUs matches the pins")
 
 

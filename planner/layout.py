@@ -62,10 +62,14 @@ class Layout:
         return min(num_layers, per_virtual_stage * self.vp)
 
 
-def _first(problems: list[LayoutProblem]) -> tuple[Reason, str] | None:
+Rejection = tuple[Reason, str, str]
+"""Why a layout cannot run: the reason class, a sentence, and the layout field to change."""
+
+
+def _first(problems: list[LayoutProblem]) -> Rejection | None:
     if not problems:
         return None
-    return Reason(problems[0].kind.value), problems[0].message
+    return Reason(problems[0].kind.value), problems[0].message, problems[0].field
 
 
 def check_degrees(
@@ -77,11 +81,11 @@ def check_degrees(
     tp: int,
     cp: int,
     pp: int,
-) -> tuple[Reason, str] | None:
+) -> Rejection | None:
     """The checks that depend on the degrees alone (the search prunes whole blocks on
     them): the contract's rules, which the worker applies too, plus the hardware's."""
     if precision == "fp8" and hardware.peak_fp8_flops is None:
-        return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores"
+        return Reason.UNSUPPORTED, f"{hardware.name} has no FP8 tensor cores", "precision"
     return _first(degree_problems(model, seq_len, tp=tp, cp=cp, pp=pp, gpus_per_node=gpus_per_node))
 
 
@@ -93,7 +97,7 @@ def check_schedule(
     vp: int,
     micro_batch_size: int,
     zero_stage: int,
-) -> tuple[Reason, str] | None:
+) -> Rejection | None:
     """The contract's checks on batching, the pipeline schedule and sharding."""
     return _first(
         schedule_problems(
@@ -115,7 +119,7 @@ def check_layout(
     seq_len: int,
     global_batch_seqs: int,
     gpus_per_node: int,
-) -> tuple[Reason, str] | None:
+) -> Rejection | None:
     """None if the layout can run, else the reason class and a sentence naming the field."""
     return check_degrees(
         model,

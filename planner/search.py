@@ -73,11 +73,14 @@ class SearchOutcome:
     ranked: list[Candidate] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     examples: dict[str, str] = field(default_factory=dict)  # one sentence per reason
+    example_fields: dict[str, str] = field(default_factory=dict)  # the layout field of each
     closest_misfit: Candidate | None = None  # the valid layout nearest to fitting
 
-    def reject(self, reason: Reason, sentence: str, count: int = 1) -> None:
+    def reject(self, reason: Reason, sentence: str, layout_field: str = "", count: int = 1) -> None:
         self.rejected[reason.value] += count
-        self.examples.setdefault(reason.value, sentence)
+        if reason.value not in self.examples:
+            self.examples[reason.value] = sentence
+            self.example_fields[reason.value] = layout_field
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,5 +1,6 @@
-"""resolve_layout: every parallelism the worker runs is resolved; what it cannot run is
-refused at submission, naming the spec field to change (pure functions, no database)."""
+"""resolve_layout: every degree the spec leaves out comes from the planner's search, every
+pinned one stays; what the worker cannot run is refused at submission, naming the spec field
+to change (pure functions, no database)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from contract import ModelShape, ParallelLayout, PipelineSchedule, WorkerRunConfig
+from contract import (
+    Float8Scaling,
+    ModelShape,
+    ParallelLayout,
+    PipelineSchedule,
+    Precision,
+    WorkerRunConfig,
+    layout_problems,
+)
+from planner.plan import plan
 from planner.resolve import LayoutError, resolve_layout
 from service.runs.schemas import ParallelismSpec
 
@@ -15,22 +25,72 @@ from service.runs.schemas import ParallelismSpec
 SHAPE = ModelShape(layers=8, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512)
 
 
+HARDWARE, NETWORK = "h100-sxm", "ib"
+
+
 def resolve(
-    world_size: int = 8, global_batch: int = 16, seq_len: int | None = 1024, **pins: Any
+    world_size: int = 8,
+    global_batch: int = 16,
+    seq_len: int = 1024,
+    gpus_per_node: int = 8,
+    **pins: Any,
 ) -> ParallelLayout:
     return resolve_layout(
         shape=SHAPE,
         world_size=world_size,
+        gpus_per_node=min(gpus_per_node, world_size),
         global_batch=global_batch,
-        pinned=ParallelismSpec(**pins) if pins else None,
         seq_len=seq_len,
-    )
+        pinned=ParallelismSpec(**pins).model_dump(exclude_none=True),
+        hardware=HARDWARE,
+        network=NETWORK,
+        worker_precision=Precision.FP32,
+    ).layout
 
 
-def test_auto_is_data_parallel_over_every_rank() -> None:
+def test_auto_takes_the_planners_layout() -> None:
+    """Nothing pinned: exactly the layout `runyard plan` answers for the same inputs."""
     layout = resolve()
-    assert (layout.dp, layout.tp, layout.pp, layout.cp, layout.zero_stage) == (8, 1, 1, 1, 0)
-    assert layout.micro_batch_size == 2  # the whole per-rank share: no accumulation
+    planned = plan(SHAPE, HARDWARE, 8, 1024, 16 * 1024, network=NETWORK, gpus_per_node=8).layout
+    got = (layout.dp, layout.tp, layout.pp, layout.cp, layout.vp, layout.zero_stage)
+    assert got == (planned.dp, planned.tp, planned.pp, planned.cp, planned.vp, planned.zero_stage)
+    assert (layout.micro_batch_size, layout.recompute.value) == (
+        planned.micro_batch_size,
+        planned.recompute,
+    )
+    assert layout.precision is Precision.FP32  # the ranks' format; planned as BF16
+
+
+def test_a_70b_shape_is_laid_out_by_the_planner_not_refused() -> None:
+    """The bug this replaced: `auto` meant dp only, so 70B on 64 GPUs did not fit."""
+    from planner.presets import MODEL_PRESETS
+
+    shape = MODEL_PRESETS["llama3-70b"]
+    resolved = resolve_layout(
+        shape=shape, world_size=64, gpus_per_node=8, global_batch=64, seq_len=8192,
+        pinned={}, hardware=HARDWARE, network=NETWORK, worker_precision=Precision.BF16,
+    )  # fmt: skip
+    layout = resolved.layout
+    assert layout.tp * layout.pp * layout.cp > 1  # 70B does not fit one GPU's share
+    assert resolved.plan.memory_gib_per_gpu.total <= resolved.plan.memory_gib_per_gpu.capacity
+    assert layout_problems(shape, layout, 8192, 64, 8) == []
+
+
+def test_pinning_one_degree_keeps_it_and_plans_the_rest() -> None:
+    free = resolve(world_size=16, global_batch=32)
+    pinned = resolve(world_size=16, global_batch=32, pp=2)
+    assert pinned.pp == 2 and pinned.world_size == 16
+    planned = plan(SHAPE, HARDWARE, 16, 1024, 32 * 1024, network=NETWORK, pinned={"pp": 2}).layout
+    assert (pinned.dp, pinned.tp, pinned.zero_stage) == (planned.dp, planned.tp, planned.zero_stage)
+    assert free.pp != 2  # the pin changed the answer; it was not what the search chose anyway
+
+
+def test_fp8_scaling_reaches_the_layout_and_needs_fp8() -> None:
+    layout = resolve(precision="fp8", fp8_scaling="rowwise")
+    assert (layout.precision, layout.fp8_scaling) == (Precision.FP8, Float8Scaling.ROWWISE)
+    with pytest.raises(LayoutError) as refused:
+        resolve(fp8_scaling="rowwise")
+    assert refused.value.field == "parallelism.fp8_scaling"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +105,7 @@ def test_auto_is_data_parallel_over_every_rank() -> None:
     ],
 )
 def test_pinned_degrees_are_honoured(pins: dict[str, Any], expected: dict[str, int]) -> None:
+    pins = {"zero_stage": 0, **pins} if "zero_stage" not in pins else pins
     layout = resolve(**pins)
     for name, value in expected.items():
         assert getattr(layout, name) == value, name
@@ -52,16 +113,16 @@ def test_pinned_degrees_are_honoured(pins: dict[str, Any], expected: dict[str, i
 
 
 def test_auto_micro_batch_leaves_a_pipeline_enough_micro_batches() -> None:
-    # dp 4 x pp 2: 4 sequences per rank. Micro batch 4 would leave 1 micro batch, fewer
-    # than the 2 stages 1F1B needs in flight; 2 leaves 2.
-    layout = resolve(pp=2)
-    assert (layout.dp, layout.micro_batch_size) == (4, 2)
+    # 1F1B needs at least pp micro batches in flight: the search never picks a micro batch
+    # that leaves fewer (the contract's rule, which the worker checks too).
+    layout = resolve(pp=2, tp=1, vp=1)
     assert layout.schedule is PipelineSchedule.ONE_F_ONE_B
+    assert 16 // (layout.dp * layout.micro_batch_size) >= 2
 
 
 def test_uneven_pipeline_split_is_allowed() -> None:
     """3 stages over 8 layers: 3 + 3 + 2 blocks (see worker/parallel/pipeline.py)."""
-    layout = resolve(world_size=3, global_batch=6, pp=3)
+    layout = resolve(world_size=3, global_batch=6, pp=3, tp=1)
     assert (layout.pp, layout.micro_batch_size) == (3, 2)
 
 
@@ -69,13 +130,21 @@ def test_uneven_pipeline_split_is_allowed() -> None:
     ("world_size", "global_batch", "seq_len", "pins", "field", "words"),
     [
         (8, 16, 1024, {"tp": 3}, "parallelism", "does not divide the 8 ranks"),
-        (8, 16, 1024, {"dp": 2}, "parallelism.dp", "the run has 8 ranks"),
+        (8, 16, 1024, {"dp": 2, "tp": 1, "pp": 1, "cp": 1}, "parallelism.dp", "the run has 8"),
+        (8, 16, 1024, {"dp": 3}, "parallelism.dp", "does not divide the run's 8 ranks"),
         (8, 12, 1024, {"dp": 8}, "global_batch", "divisible by dp (8)"),
-        (8, 16, 1024, {"micro_batch_size": 3}, "parallelism.micro_batch_size", "must divide"),
+        (8, 16, 1024, {"micro_batch_size": 3}, "parallelism.micro_batch_size", "must be divisible"),
         (8, 16, 1024, {"tp": 8}, "parallelism.tp", "must divide the model's kv_heads (4)"),
         (16, 16, 1024, {"pp": 16}, "parallelism.pp", "exceeds the model's 8 layers"),
         # pp 4 x dp 2 with micro batch 8: one micro batch per step, 1F1B needs 4.
-        (8, 16, 1024, {"pp": 4, "micro_batch_size": 8}, "parallelism.pp", "at least pp (4)"),
+        (
+            8,
+            16,
+            1024,
+            {"pp": 4, "vp": 1, "micro_batch_size": 8},
+            "parallelism.pp",
+            "at least pp (4)",
+        ),
         (8, 16, 1002, {"cp": 2}, "parallelism.cp", "2 x cp (4) chunks"),
         (8, 16, 1028, {"cp": 2, "tp": 4}, "parallelism.tp", "(514) must be divisible by tp (4)"),
     ],
@@ -89,7 +158,7 @@ def test_layouts_the_worker_cannot_run_are_refused_naming_the_field(
     words: str,
 ) -> None:
     with pytest.raises(LayoutError) as refused:
-        resolve(world_size, global_batch, seq_len, **pins)
+        resolve(world_size, global_batch, seq_len, 8, **pins)
     assert refused.value.field == field
     assert words in refused.value.message, refused.value.message
 
@@ -97,7 +166,7 @@ def test_layouts_the_worker_cannot_run_are_refused_naming_the_field(
 def test_every_resolved_layout_is_a_valid_worker_config() -> None:
     """What the service resolves, the worker accepts (the service builds this at attempt time,
     where a refusal would come far too late)."""
-    for pins in ({}, {"tp": 2, "pp": 2}, {"cp": 4}, {"zero_stage": 3, "pp": 8}):
+    for pins in ({}, {"tp": 2, "pp": 2}, {"cp": 4}, {"zero_stage": 3, "pp": 1}):
         layout = resolve(**pins)
         WorkerRunConfig(
             run_id=1, attempt_id=1, attempt_number=1, name="x", model=SHAPE, layout=layout,
