@@ -48,9 +48,13 @@ def test_good_spec_is_accepted_and_planned(api: Any, db_session: Session) -> Non
         ({"name": "has spaces"}, "name", "pattern"),
         ({"steps": "many"}, "steps", "integer"),
         ({"model": "gpt-17"}, "model", "unknown preset"),
-        ({"global_batch": 7}, "global_batch", "divisible by dp"),
+        ({"global_batch": 7, "parallelism": {"dp": 2}}, "global_batch", "divisible by dp"),
         ({"parallelism": {"tp": 3}}, "parallelism", "does not divide"),
-        ({"parallelism": {"dp": 2, "micro_batch_size": 3}}, "micro_batch_size", "must divide"),
+        (
+            {"parallelism": {"dp": 2, "micro_batch_size": 3}},
+            "micro_batch_size",
+            "must be divisible by dp x micro_batch_size",
+        ),
         (
             {
                 "model": {
