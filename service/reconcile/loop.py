@@ -26,7 +26,8 @@ from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
 from service.recovery.incidents import process_incidents
 from service.recovery.spares import maintain_spares
-from service.slurm import commands
+from service.slurm.cli import CliSlurmClient
+from service.slurm.client import SlurmClient
 from service.slurm.snapshot import ClusterSnapshot, take_snapshot
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,12 @@ TOPOLOGY_EVERY_S = 30.0
 
 
 class Reconciler:
-    def __init__(self, settings: Settings) -> None:
+    """Every reconcile step, run in order each tick against one SlurmClient: the real CLI
+    in the service, an in-memory fake in unit tests and simulations."""
+
+    def __init__(self, settings: Settings, slurm: SlurmClient | None = None) -> None:
         self.settings = settings
+        self.slurm: SlurmClient = slurm or CliSlurmClient(settings)
         self.classifier = Classifier.from_file(settings.classification_file)
         self.started_at: datetime = utcnow()
         self._switches: dict[str, str] = {}
@@ -45,13 +50,13 @@ class Reconciler:
 
     def sync_nodes(self, snapshot: ClusterSnapshot) -> None:
         if time.monotonic() - self._switches_read > TOPOLOGY_EVERY_S or not self._switches:
-            self._switches, self._switches_read = commands.node_switches(), time.monotonic()
+            self._switches, self._switches_read = self.slurm.node_switches(), time.monotonic()
         with session_scope() as session:
             sync_from_slurm(session, list(snapshot.nodes.values()), self._switches)
 
     def tick(self) -> None:
         """One pass over everything that may need action."""
-        snapshot = take_snapshot()
+        snapshot = take_snapshot(self.slurm)
         steps: list[tuple[str, Callable[[], None]]] = [
             ("sync nodes", lambda: self.sync_nodes(snapshot)),
             ("incidents", lambda: process_incidents(self.settings)),

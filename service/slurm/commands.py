@@ -1,7 +1,9 @@
-"""squeue / scontrol / scancel adapters: one batched call each, parsed into plain data.
+"""squeue / scontrol / scancel / srun adapters: one batched call each, parsed into plain data.
 
-The dev cluster has no accounting database, so nothing here uses sacct: live jobs come from
-squeue, finished ones from `scontrol show job` (slurmctld keeps them for MinJobAge).
+The CLI half of the SlurmClient seam (service/slurm/client.py; cli.py wraps these for the
+reconciler). The dev cluster has no accounting database, so nothing here uses sacct: live
+jobs come from squeue, finished ones from `scontrol show job` (slurmctld keeps them for
+MinJobAge). Hostlists are expanded in-process (hostlist.py), never by a subprocess.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.config import get_settings
+from service.slurm.hostlist import expand_hostlist
 
 TIMEOUT_S = 20
 
@@ -125,31 +129,65 @@ def array_job_by_name(name: str) -> str | None:
     return min(ids, key=int) if ids else None
 
 
-def show_job(job_id: str) -> JobStatus | None:
-    """A job slurmctld still remembers (live or ended), or None if it forgot it."""
-    out = run_slurm(["scontrol", "show", "job", "-o", job_id], check=False)
-    line = out.strip()
-    if not line:
-        return None
-    f = parse_key_values(line)
-    node_list = f.get("NodeList", "")
+def _job_status(job_id: str, fields: dict[str, str]) -> JobStatus:
+    node_list = fields.get("NodeList", "")
     return JobStatus(
         job_id=job_id,
-        state=f.get("JobState", "UNKNOWN"),
+        state=fields.get("JobState", "UNKNOWN"),
         node_list="" if node_list == "(null)" else node_list,
-        reason=f.get("Reason", ""),
-        exit_code=parse_exit_code(f.get("ExitCode", "")),
+        reason=fields.get("Reason", ""),
+        exit_code=parse_exit_code(fields.get("ExitCode", "")),
     )
 
 
-def expand_hostlist(node_list: str) -> list[str]:
-    if not node_list:
-        return []
-    return run_slurm(["scontrol", "show", "hostnames", node_list]).split()
+def _job_ids_of(fields: dict[str, str]) -> list[str]:
+    """The ids a record answers to: its JobId, and `<array>_<task>` for an array task."""
+    ids = [fields["JobId"]] if "JobId" in fields else []
+    task = fields.get("ArrayTaskId", "")
+    if "ArrayJobId" in fields and task.isdigit():
+        ids.append(f"{fields['ArrayJobId']}_{task}")
+    return ids
 
 
-def scancel(job_id: str) -> None:
-    run_slurm(["scancel", job_id], check=False)
+def parse_jobs(out: str, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+    """The records of `scontrol show job -o` that answer to one of `job_ids`."""
+    wanted = set(job_ids)
+    found: dict[str, JobStatus] = {}
+    for line in out.splitlines():
+        fields = parse_key_values(line)
+        for job_id in _job_ids_of(fields):
+            if job_id in wanted:
+                found[job_id] = _job_status(job_id, fields)
+    return found
+
+
+def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
+    """The jobs among `job_ids` slurmctld still remembers (live or ended), in one call: one
+    job is asked for by id, several by listing every job slurmctld remembers."""
+    if not job_ids:
+        return {}
+    argv = ["scontrol", "show", "job", "-o"]
+    if len(job_ids) == 1:
+        argv.append(job_ids[0])
+    out = run_slurm(argv, check=False)
+    found = parse_jobs(out, job_ids)
+    if len(job_ids) == 1 and not found and out.strip():
+        # Asked by id, the one record is that job whatever id it lists first.
+        found[job_ids[0]] = _job_status(job_ids[0], parse_key_values(out.strip()))
+    return found
+
+
+def show_job(job_id: str) -> JobStatus | None:
+    """One job slurmctld still remembers, or None (kept until the reconciler batches)."""
+    return show_jobs([job_id]).get(job_id)
+
+
+def scancel(job_ids: Sequence[str]) -> None:
+    """One scancel for all of them; ones that already ended are not an error."""
+    if isinstance(job_ids, str):  # one id is a Sequence[str] too: never scancel its digits
+        job_ids = [job_ids]
+    if job_ids:
+        run_slurm(["scancel", *job_ids], check=False)
 
 
 @dataclass(frozen=True)
@@ -214,3 +252,69 @@ def drain_node(name: str, reason: str) -> None:
 
 def resume_node(name: str) -> None:
     run_slurm(["scontrol", "update", f"nodename={name}", "state=resume"])
+
+
+def show_reservations() -> dict[str, list[str]]:
+    """Reservation name -> its nodes (expanded)."""
+    out = run_slurm(["scontrol", "show", "reservation", "-o"], check=False)
+    found: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        fields = parse_key_values(line)
+        if "ReservationName" in fields:
+            found[fields["ReservationName"]] = expand_hostlist(fields.get("Nodes", ""))
+    return found
+
+
+def create_reservation(name: str, nodes: Sequence[str], user: str) -> None:
+    """A reservation for `user` holding `nodes` from now on; one of that name that already
+    exists (a snapshot older than it) is updated to `nodes` instead."""
+    node_arg = f"nodes={','.join(sorted(nodes))}"
+    # IGNORE_JOBS: a node may still finish a job of ours; MAINT: reservations may overlap
+    # while a spare moves from the pool into a run.
+    try:
+        run_slurm(
+            [
+                "scontrol",
+                "create",
+                f"reservation={name}",
+                node_arg,
+                "starttime=now",
+                "duration=infinite",
+                f"users={user}",
+                "flags=ignore_jobs,maint",
+            ]
+        )
+    except SlurmError as exc:
+        if "Duplicate reservation name" not in str(exc):
+            raise
+        update_reservation(name, nodes)
+
+
+def update_reservation(name: str, nodes: Sequence[str]) -> None:
+    run_slurm(["scontrol", "update", f"reservation={name}", f"nodes={','.join(sorted(nodes))}"])
+
+
+def delete_reservation(name: str) -> None:
+    run_slurm(["scontrol", "delete", f"reservation={name}"], check=False)
+
+
+def srun_in_job(job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
+    """`script` once per node of a running job, through an overlapping step (the job's own
+    tasks keep their CPUs); stdout and stderr together."""
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"-N{num_nodes}",
+        "--ntasks-per-node=1",
+        "bash",
+        "-c",
+        script,
+    ]
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=slurm_env()
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"srun --jobid={job_id}: {exc}") from exc
+    return out.stdout + out.stderr

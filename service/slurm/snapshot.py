@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.slurm import commands, reservations
+from service.slurm.client import SlurmClient
 from service.slurm.commands import SlurmNode
 
 BAD_FLAGS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "POWER", "INVAL", "UNKNOWN", "FUTURE")
@@ -37,8 +37,9 @@ class ClusterSnapshot:
         return node is not None and not any(f in node.state for f in BAD_FLAGS)
 
 
-def take_snapshot() -> ClusterSnapshot:
+def take_snapshot(slurm: SlurmClient) -> ClusterSnapshot:
+    """Two calls, whatever the cluster's size: `scontrol show node` and `show reservation`."""
     return ClusterSnapshot(
-        nodes={n.name: n for n in commands.show_nodes()},
-        reservations=reservations.list_reservations(),
+        nodes={n.name: n for n in slurm.show_nodes()},
+        reservations=slurm.reservations(),
     )

@@ -67,3 +67,25 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     assert "--switches" not in script  # one node per task: nothing to keep together
     wide = sbatch_parameters(replace(req, num_nodes=4), get_settings())
     assert wide["additional_parameters"]["switches"] == "1@05:00"
+
+
+def test_scontrol_job_records_answer_to_their_id_and_their_array_task_id() -> None:
+    """`scontrol show job -o` lists array tasks by their own JobId; the reconciler stores
+    `<array>_<task>`, so a record answers to both."""
+    from service.slurm.commands import parse_jobs
+
+    out = "\n".join(
+        [
+            JOB_LINE,
+            "JobId=9 ArrayJobId=7 ArrayTaskId=2 JobName=s JobState=COMPLETED Reason=None "
+            "ExitCode=0:0 NodeList=gpu003",
+            "JobId=7 ArrayJobId=7 ArrayTaskId=3-5%2 JobName=s JobState=PENDING "
+            "Reason=JobArrayTaskLimit ExitCode=0:0 NodeList=(null)",
+        ]
+    )
+    jobs = parse_jobs(out, ["6", "7_2", "7_3", "8"])
+    assert sorted(jobs) == ["6", "7_2"]
+    assert jobs["6"].state == "FAILED" and jobs["6"].exit_code == 1
+    assert jobs["6"].node_list == "gpu[001-002]"
+    assert jobs["7_2"].state == "COMPLETED" and jobs["7_2"].exit_code == 0
+    assert parse_jobs(out, ["7"])["7"].node_list == ""  # (null) while pending

@@ -1,0 +1,72 @@
+"""The real SlurmClient: Slurm's command-line tools (commands.py) and submitit (submit.py).
+
+One process per call, each call batched: a tick's squeue, `scontrol show job` and scancel
+cover every watched job at once, and hostlists are expanded in-process.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Sequence
+
+from service.config import Settings
+from service.slurm import commands
+from service.slurm.commands import JobStatus, SlurmNode
+from service.slurm.submit import ArrayRequest, AttemptRequest, submit_array, submit_attempt
+
+
+class CliSlurmClient:
+    """SlurmClient over squeue, scontrol, scancel, srun and sbatch (through submitit)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        # Reservations are made for the service's own user: only its jobs may use them.
+        self.user = getpass.getuser()
+
+    def show_nodes(self) -> list[SlurmNode]:
+        return commands.show_nodes()
+
+    def node_switches(self) -> dict[str, str]:
+        return commands.node_switches()
+
+    def drain(self, node: str, reason: str) -> None:
+        commands.drain_node(node, reason)
+
+    def resume(self, node: str) -> None:
+        commands.resume_node(node)
+
+    def reservations(self) -> dict[str, list[str]]:
+        return commands.show_reservations()
+
+    def create_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        commands.create_reservation(name, nodes, self.user)
+
+    def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        commands.update_reservation(name, nodes)
+
+    def delete_reservation(self, name: str) -> None:
+        commands.delete_reservation(name)
+
+    def submit(self, req: AttemptRequest) -> str:
+        return submit_attempt(req, self.settings)
+
+    def submit_array(self, req: ArrayRequest) -> str:
+        return submit_array(req, self.settings)
+
+    def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        return commands.squeue(list(job_ids))
+
+    def job_details(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        return commands.show_jobs(job_ids)
+
+    def jobs_by_name(self, prefix: str) -> dict[str, str]:
+        return commands.jobs_by_name(prefix)
+
+    def array_job_by_name(self, name: str) -> str | None:
+        return commands.array_job_by_name(name)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        commands.scancel(job_ids)
+
+    def run_in_job(self, job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
+        return commands.srun_in_job(job_id, num_nodes, script, timeout_s)
