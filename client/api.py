@@ -59,8 +59,14 @@ class RunyardClient:
     def submit_run(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/runs", json=spec)
 
+    def dry_run_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/runs/dry-run", json=spec)
+
     def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/sweeps", json=spec)
+
+    def dry_run_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/sweeps/dry-run", json=spec)
 
     def list_sweeps(self, limit: int = 50) -> dict[str, Any]:
         return self._call("GET", "/v1/sweeps", params={"limit": limit})

@@ -32,28 +32,89 @@ def load_spec(path: Path) -> dict[str, Any]:
     return spec
 
 
+DRY_RUN = typer.Option(
+    False, "--dry-run", help="Show the layout and plan the service would choose; submit nothing."
+)
+
+
+def layout_text(layout: dict[str, Any]) -> str:
+    """One line for the layout a run trains with."""
+    vp = f" vp={layout['vp']}" if layout.get("vp", 1) > 1 else ""
+    return (
+        f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']}{vp} cp={layout['cp']} "
+        f"zero={layout['zero_stage']} micro_batch={layout['micro_batch_size']} "
+        f"recompute={layout['recompute']} {layout['precision']}"
+    )
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """One line for the planner's figures of that layout on the cluster's GPUs."""
+    return (
+        f"plan on {plan['num_gpus']} x {plan['hardware']}: "
+        f"{plan['memory_gib_per_gpu']['total']:.1f} GiB/GPU, step {plan['step_time_s']:.3f} s, "
+        f"MFU {plan['mfu']:.1%}, checkpoint every {plan['checkpoint']['interval_steps']} steps"
+    )
+
+
+def print_decision(decision: dict[str, Any]) -> None:
+    pinned = ", ".join(decision["pinned"]) or "nothing (parallelism: auto)"
+    console.print(f"{decision['world_size']} ranks; pinned: {pinned}")
+    console.print(f"layout {layout_text(decision['layout'])}")
+    console.print(plan_text(decision["plan"]))
+
+
 @app.command()
-def submit(file: Path = typer.Argument(..., help="Run spec (YAML)."), json: bool = JSON) -> None:
+def submit(
+    file: Path = typer.Argument(..., help="Run spec (YAML)."),
+    dry_run: bool = DRY_RUN,
+    json: bool = JSON,
+) -> None:
     """Submit a run from a YAML spec; a spec with a `sweep:` grid becomes one job array."""
     spec = load_spec(file)
     if "sweep" in spec:
-        sweep = call(lambda c: c.submit_sweep(spec))
+        return _submit_sweep(spec, dry_run, json)
+    if dry_run:
+        decision = call(lambda c: c.dry_run_run(spec))
         if json:
-            return print_json(sweep)
-        print_sweep(sweep)
-        hint(f"runyard sweep show {sweep['id']}")
+            return print_json(decision)
+        print_decision(decision)
+        hint(f"runyard run submit {file}")
         return
     run = call(lambda c: c.submit_run(spec))
     if json:
         return print_json(run)
-    layout = run["layout"]
     console.print(
         f"run [bold]{run['id']}[/bold] '{run['name']}' accepted: {run['state']}, "
         f"{run['num_nodes']} nodes x {run['gpus_per_node']} ranks, "
-        f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} cp={layout['cp']} "
-        f"micro_batch={layout['micro_batch_size']}"
+        f"{layout_text(run['layout'])}"
     )
     hint(f"runyard run watch {run['id']}")
+
+
+def _submit_sweep(spec: dict[str, Any], dry_run: bool, json: bool) -> None:
+    if dry_run:
+        decided = call(lambda c: c.dry_run_sweep(spec))
+        if json:
+            return print_json(decided)
+        print_table(
+            f"{len(decided['points'])} runs, at most {decided['max_parallel']} at once",
+            ["POINT", "LAYOUT", "STEP S", "GIB/GPU"],
+            [
+                (
+                    " ".join(f"{k}={v}" for k, v in p["params"].items()),
+                    layout_text(p["decision"]["layout"]),
+                    f"{p['decision']['plan']['step_time_s']:.3f}",
+                    f"{p['decision']['plan']['memory_gib_per_gpu']['total']:.1f}",
+                )
+                for p in decided["points"]
+            ],
+        )
+        return
+    sweep = call(lambda c: c.submit_sweep(spec))
+    if json:
+        return print_json(sweep)
+    print_sweep(sweep)
+    hint(f"runyard sweep show {sweep['id']}")
 
 
 @app.command("list")
@@ -98,21 +159,20 @@ def show(run_id: int, json: bool = JSON) -> None:
         f"  restarts {run['num_restarts']}/{run['max_restarts']}"
         + (f"  MFU {run['mfu']:.2%}" if run.get("mfu") is not None else "")
     )
-    layout = run["layout"]
-    console.print(
-        f"layout dp={layout['dp']} tp={layout['tp']} pp={layout['pp']} "
-        f"cp={layout['cp']} zero={layout['zero_stage']} "
-        f"micro_batch={layout['micro_batch_size']} {layout['precision']}; "
-        f"nodes {', '.join(run['nodes']) or '-'}"
+    spec_layout = run["spec"].get("parallelism")
+    pinned = (
+        []
+        if spec_layout in (None, "auto")
+        else [k for k, v in spec_layout.items() if v is not None]
     )
+    chosen = f"pinned {', '.join(sorted(pinned))}, the rest planned" if pinned else "planned"
+    console.print(f"layout {layout_text(run['layout'])} ({chosen})")
+    console.print(f"nodes {', '.join(run['nodes']) or '-'}")
     if run.get("sweep_id") is not None:
         point = " ".join(f"{k}={v}" for k, v in (run.get("sweep_params") or {}).items())
         console.print(f"sweep {run['sweep_id']}: {point}")
     if plan := run.get("plan"):
-        console.print(
-            f"plan on {plan['hardware']}: {plan['memory_gib_per_gpu']['total']:.1f} "
-            f"GiB/GPU, step {plan['step_time_s']:.3f} s, MFU {plan['mfu']:.1%}"
-        )
+        console.print(plan_text(plan))
     if (goodput := run.get("goodput")) and goodput["goodput"] is not None:
         lost = goodput["lost"]
         console.print(

@@ -15,12 +15,20 @@ from service.runs import repository
 from service.runs.schemas import (
     CheckpointOut,
     MetricOut,
+    RunDecision,
     RunEventOut,
     RunList,
     RunOut,
     RunSpec,
 )
-from service.runs.service import cancel_run, create_run, require_run, run_goodput, run_out
+from service.runs.service import (
+    cancel_run,
+    create_run,
+    dry_run,
+    require_run,
+    run_goodput,
+    run_out,
+)
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[USERS])
 
@@ -29,6 +37,12 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[USERS])
 def submit_run(spec: RunSpec, session: SessionDep, principal: PrincipalDep) -> RunOut:
     """Validate and plan a run; the reconciler submits it to Slurm."""
     return run_out(create_run(session, spec, get_settings(), principal))
+
+
+@router.post("/dry-run")
+def dry_run_run(spec: RunSpec, session: SessionDep, principal: PrincipalDep) -> RunDecision:
+    """What the service would decide for a spec (layout, plan, quota), creating nothing."""
+    return dry_run(session, spec, get_settings(), principal)
 
 
 @router.get("")

@@ -7,7 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from contract import Float8Scaling, ModelShape, PipelineSchedule, Precision, Recompute
+from contract import (
+    Float8Scaling,
+    ModelShape,
+    ParallelLayout,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+)
+from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
 
@@ -163,6 +171,19 @@ class RunOut(BaseModel):
     mfu: float | None = Field(
         default=None,
         description="MFU of the last reported step, in the plan's convention on its GPUs.",
+    )
+
+
+class RunDecision(BaseModel):
+    """What the service decides for a spec, without creating the run (`--dry-run`)."""
+
+    model: ModelShape = Field(description="The model's shape (a preset resolved).")
+    world_size: int = Field(description="Ranks: nodes x gpus_per_node.")
+    layout: ParallelLayout = Field(description="The layout the ranks would run with.")
+    pinned: list[str] = Field(description="Layout fields the spec pinned; the rest were planned.")
+    plan: PlanResult = Field(
+        description="The planner's answer for this layout on the cluster's GPUs, as "
+        "`runyard plan --json` prints it (runners-up included)."
     )
 
 

@@ -18,7 +18,7 @@ from service.plans.service import shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
-from service.runs.schemas import AttemptOut, RunOut, RunSpec
+from service.runs.schemas import AttemptOut, RunDecision, RunOut, RunSpec
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
@@ -108,6 +108,23 @@ def decide(
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     return shape, resolved
+
+
+def dry_run(
+    session: Session, spec: RunSpec, settings: Settings, principal: Principal | None = None
+) -> RunDecision:
+    """What `create_run` would decide for this spec, creating nothing."""
+    shape, resolved = decide(session, spec, settings, principal)
+    pinned = (
+        [] if spec.parallelism == "auto" else sorted(spec.parallelism.model_dump(exclude_none=True))
+    )
+    return RunDecision(
+        model=shape,
+        world_size=spec.nodes * spec.gpus_per_node,
+        layout=resolved.layout,
+        pinned=pinned,
+        plan=resolved.plan,
+    )
 
 
 def create_run(

@@ -12,7 +12,7 @@ from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId
 from service.sweeps import service
-from service.sweeps.schemas import SweepOut, SweepSpec
+from service.sweeps.schemas import SweepDecision, SweepOut, SweepSpec
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], dependencies=[USERS])
 
@@ -28,6 +28,12 @@ def submit_sweep(spec: SweepSpec, session: SessionDep, principal: PrincipalDep) 
     with `%max_parallel`. Retries after a failure are ordinary single submissions."""
     sweep, runs = service.create_sweep(session, spec, get_settings(), principal)
     return service.sweep_out(sweep, runs)
+
+
+@router.post("/dry-run")
+def dry_run_sweep(spec: SweepSpec, session: SessionDep, principal: PrincipalDep) -> SweepDecision:
+    """What the service would decide for every grid point (layout, plan), creating nothing."""
+    return service.dry_run_sweep(session, spec, get_settings(), principal)
 
 
 @router.get("")

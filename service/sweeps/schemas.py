@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import RunState
-from service.runs.schemas import RunSpec
+from service.runs.schemas import RunDecision, RunSpec
 
 # One job array shares one sbatch request, so a grid may vary only what does not change it.
 SWEEPABLE = (
@@ -90,3 +90,17 @@ class SweepOut(BaseModel):
     submitted_at: datetime | None
     counts: dict[str, int] = Field(description="Runs per state.")
     runs: list[SweepRunOut]
+
+
+class SweepPointDecision(BaseModel):
+    """One grid point and what the service would decide for its run."""
+
+    params: dict[str, Any] = Field(description="The grid point.")
+    decision: RunDecision
+
+
+class SweepDecision(BaseModel):
+    """What the service would decide for every point of a sweep (`--dry-run`)."""
+
+    points: list[SweepPointDecision]
+    max_parallel: int = Field(description="Runs at once: the job array's %limit.")

@@ -13,10 +13,16 @@ from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound
 from service.models import Run, RunState, Sweep
 from service.runs import repository
-from service.runs.service import cancel_run, check_quota, create_run
+from service.runs.service import cancel_run, check_quota, create_run, dry_run
 from service.slurm.submit import sweep_job_name
 from service.sweeps.grid import expand
-from service.sweeps.schemas import SweepOut, SweepRunOut, SweepSpec
+from service.sweeps.schemas import (
+    SweepDecision,
+    SweepOut,
+    SweepPointDecision,
+    SweepRunOut,
+    SweepSpec,
+)
 
 
 def create_sweep(
@@ -53,6 +59,23 @@ def create_sweep(
             runs.append(run)
         session.flush()
     return sweep, runs
+
+
+def dry_run_sweep(
+    session: Session, spec: SweepSpec, settings: Settings, principal: Principal
+) -> SweepDecision:
+    """What `create_sweep` would decide for every point, creating nothing."""
+    points = expand(spec)
+    at_once = min(spec.sweep.max_parallel, len(points))
+    check_quota(session, principal.team, at_once * spec.nodes * spec.gpus_per_node)
+    decided = []
+    for point, member in points:
+        try:
+            decision = dry_run(session, member, settings)  # quota: checked for the group
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"sweep.grid: the point {point} cannot run: {exc.detail}") from exc
+        decided.append(SweepPointDecision(params=point, decision=decision))
+    return SweepDecision(points=decided, max_parallel=at_once)
 
 
 def require_sweep(session: Session, sweep_id: int, principal: Principal) -> Sweep:
