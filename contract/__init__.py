@@ -21,6 +21,7 @@ from .layout import (
 )
 from .model_shape import ModelShape
 from .run_config import ResumePoint, WorkerRunConfig
+from .stop_reasons import StopReason
 
 __all__ = [
     "ExitCode",
@@ -33,6 +34,7 @@ __all__ = [
     "ProblemKind",
     "Recompute",
     "ResumePoint",
+    "StopReason",
     "WorkerRunConfig",
     "degree_problems",
     "layout_problems",

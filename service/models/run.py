@@ -8,6 +8,8 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
+    CheckConstraint,
     DateTime,
     Enum,
     Float,
@@ -16,10 +18,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from contract import StopReason
 from service.models.base import Base, Timestamped, utcnow
 
 
@@ -66,6 +70,18 @@ def _enum(cls: type[StrEnum], name: str) -> Enum:
     return Enum(cls, name=name, native_enum=False, length=16, validate_strings=True)
 
 
+# Stored by value ("preempted"), the form the API shows, and checked by the database.
+STOP_REASON_TYPE = Enum(
+    StopReason,
+    name="stop_reason",
+    native_enum=False,
+    length=24,
+    create_constraint=True,
+    validate_strings=True,
+    values_callable=lambda cls: [member.value for member in cls],
+)
+
+
 class Run(Timestamped, Base):
     __tablename__ = "runs"
     __table_args__ = (UniqueConstraint("sweep_id", "sweep_index"),)  # one run per grid point
@@ -105,13 +121,22 @@ class Run(Timestamped, Base):
     sweep_params: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # its grid point
 
     attempts: Mapped[list[Attempt]] = relationship(
-        back_populates="run", lazy="raise", order_by="Attempt.number"
+        back_populates="run",
+        lazy="raise",
+        order_by="Attempt.number",
+        foreign_keys="Attempt.run_id",
     )
 
 
 class Attempt(Timestamped, Base):
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("run_id", "number"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "number"),
+        CheckConstraint(
+            "stopped_for_run_id IS NULL OR stop_reason = 'preempted'",
+            name="stopped_for_run_only_when_preempted",
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
@@ -130,13 +155,25 @@ class Attempt(Timestamped, Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     first_step: Mapped[int | None] = mapped_column(Integer)  # first step this attempt trained
-    # Set before the service signals the attempt to stop (e.g. "preempted by run 7"), so the
-    # clean exit that follows is read as a yield, not a failure.
-    stop_reason: Mapped[str | None] = mapped_column(Text)
+    # Why it stopped. Set with stop_requested_at before the service asks the ranks to stop
+    # (PREEMPTED, TIME_LIMIT), so the clean exit that follows is read as a yield; set to the
+    # cause when the attempt ends otherwise. end_reason is the same for people, in words.
+    stop_reason: Mapped[StopReason | None] = mapped_column(STOP_REASON_TYPE)
+    # The run a preemption made room for (only with stop_reason PREEMPTED).
+    stopped_for_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL")
+    )
     stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A rank reported ExitCode.DO_NOT_RETRY: when the job ends the run fails instead of
+    # retrying. Not an exit code: the job may still be running when it is set.
+    do_not_retry: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     first_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Progress summary, updated with every progress report in the same transaction
+    # (workers/service.py), so goodput reads attempts instead of every metric row.
+    last_step: Mapped[int | None] = mapped_column(Integer)  # highest step reported
+    last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
-    run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise")
+    run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise", foreign_keys=[run_id])
 
 
 class Checkpoint(Base):

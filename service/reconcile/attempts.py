@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract import ExitCode
+from contract import ExitCode, StopReason
 from service.auth.service import create_token
 from service.config import Settings, get_settings
 from service.db import session_scope
@@ -34,7 +34,7 @@ from service.models import (
 from service.models.base import utcnow
 from service.reconcile.preemption import attempt_stopped
 from service.recovery import timeline
-from service.recovery.restart import end_attempt_and_restart
+from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
@@ -280,6 +280,7 @@ def _submission_failed(req: AttemptRequest, reason: str) -> None:
         if locked is None or locked[1].state.is_terminal:
             return
         run, attempt = locked
+        set_stop_reason(attempt, StopReason.SUBMISSION_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
         set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}", attempt)
 
@@ -327,6 +328,7 @@ def stop_cancelling() -> None:
                 continue
             for attempt in run.attempts:
                 if not attempt.state.is_terminal:
+                    set_stop_reason(attempt, StopReason.CANCELLED)
                     set_attempt_state(
                         session, run, attempt, AttemptState.CANCELLED, "cancelled by the user"
                     )
@@ -412,9 +414,12 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     """The job left Slurm: succeed only if the worker said it finished; else maybe restart."""
     slurm_state = status.state if status else "UNKNOWN (slurmctld forgot the job)"
     exit_code = status.exit_code if status else None
-    if attempt.exit_code == ExitCode.DO_NOT_RETRY:  # the worker said so (workers/service.py)
-        exit_code = ExitCode.DO_NOT_RETRY
-    if attempt.stop_reason and exit_code == 0 and run.final_step != run.total_steps:
+    # A rank may have said so before exiting (workers/service.py): Slurm's code may be 1.
+    do_not_retry = attempt.do_not_retry or exit_code == ExitCode.DO_NOT_RETRY
+    asked_to_yield = attempt.stop_requested_at is not None and (
+        attempt.stop_reason is not None and attempt.stop_reason.is_yield
+    )
+    if asked_to_yield and exit_code == 0 and not do_not_retry and run.final_step != run.total_steps:
         # We asked it to stop and it left cleanly after its checkpoint: a yield, not a failure.
         attempt_stopped(session, run, attempt, f"Slurm job {slurm_state}")
         return
@@ -425,6 +430,7 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
         and final.state in (CheckpointState.COMMITTED, CheckpointState.DELETED)
     )
     if finished:
+        set_stop_reason(attempt, StopReason.COMPLETED)
         set_attempt_state(
             session, run, attempt, AttemptState.SUCCEEDED, f"Slurm job {slurm_state}", exit_code
         )
@@ -444,4 +450,5 @@ def _attempt_ended(session: Session, run: Run, attempt: Attempt, status: JobStat
     reason += f" with exit code {exit_code}" if exit_code is not None else ""
     if run.final_step is None and slurm_state == "COMPLETED":
         reason += " before the worker reported its final step"
-    end_attempt_and_restart(session, run, attempt, reason, hardware=False, exit_code=exit_code)
+    cause = StopReason.DO_NOT_RETRY if do_not_retry else StopReason.JOB_FAILED
+    end_attempt_and_restart(session, run, attempt, reason, cause=cause, exit_code=exit_code)

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, AttemptState, Run, RunState
@@ -26,64 +27,83 @@ def _rank(run: Run) -> int:
     return repository.PRIORITY_RANK.get(run.priority, 0)
 
 
-def request_stop(session: Session, run: Run, attempt: Attempt, reason: str) -> None:
+def stop_text(attempt: Attempt) -> str:
+    """The attempt's stop reason in words, for people (code reads the enum)."""
+    if attempt.stop_reason == StopReason.PREEMPTED:
+        return f"preempted by run {attempt.stopped_for_run_id}"
+    if attempt.stop_reason == StopReason.TIME_LIMIT:
+        return "segment time limit"
+    return str(attempt.stop_reason or "stopped")
+
+
+def request_stop(
+    session: Session, run: Run, attempt: Attempt, reason: StopReason, for_run: Run | None = None
+) -> None:
+    """Ask the ranks to checkpoint and exit 0 (they read it in their next progress reply)."""
     attempt.stop_reason, attempt.stop_requested_at = reason, utcnow()
+    attempt.stopped_for_run_id = for_run.id if for_run else None
+    text = stop_text(attempt) + (f" ({for_run.priority})" if for_run else "")
     record_event(
         session,
         run,
         "attempt.stop_requested",
-        f"attempt {attempt.number}: {reason}",
+        f"attempt {attempt.number}: {text}",
         attempt,
-        {"reason": reason},
+        {"reason": reason.value, "for_run_id": attempt.stopped_for_run_id},
     )
 
 
 def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
     """A waiting run may take nodes from running runs of lower priority, lowest first."""
     with session_scope() as session:
-        waiting = [
-            r
-            for r in repository.runs_in_states(session, [RunState.PENDING])
-            if repository.needs_placement(r)
-        ]
-        running = [r for r in repository.runs_in_states(session, [RunState.RUNNING])]
-        stopping = {
-            a.stop_reason
-            for r in running
-            for a in r.attempts
-            if a.stop_reason and not a.state.is_terminal
-        }
-        free = sum(1 for n in snapshot.nodes if snapshot.is_free(n))
-        for run in sorted(waiting, key=lambda r: (-_rank(r), r.id)):
-            need = run.num_nodes - len(run.nodes) - free
-            tag = f"preempted by run {run.id}"
-            if need <= 0 or any(s and s.startswith(tag) for s in stopping):
+        request_preemptions(session, sum(1 for n in snapshot.nodes if snapshot.is_free(n)))
+
+
+def request_preemptions(session: Session, num_free_nodes: int) -> None:
+    """Ask lower-priority running runs to yield to each waiting run that the free nodes
+    cannot place; a run whose victims are still checkpointing is not given more."""
+    waiting = [
+        r
+        for r in repository.runs_in_states(session, [RunState.PENDING])
+        if repository.needs_placement(r)
+    ]
+    running = [r for r in repository.runs_in_states(session, [RunState.RUNNING])]
+    making_room_for = {
+        a.stopped_for_run_id
+        for r in running
+        for a in r.attempts
+        if a.stop_requested_at and a.stop_reason == StopReason.PREEMPTED
+        if not a.state.is_terminal
+    }
+    for run in sorted(waiting, key=lambda r: (-_rank(r), r.id)):
+        need = run.num_nodes - len(run.nodes) - num_free_nodes
+        if need <= 0 or run.id in making_room_for:
+            continue
+        victims, freed = [], 0
+        for other in sorted(running, key=lambda r: (_rank(r), -r.id)):
+            attempt = repository.live_attempt(other)
+            if (
+                _rank(other) >= _rank(run)
+                or attempt is None
+                or attempt.stop_requested_at
+                or attempt.state != AttemptState.RUNNING
+            ):
                 continue
-            victims, freed = [], 0
-            for other in sorted(running, key=lambda r: (_rank(r), -r.id)):
-                attempt = repository.live_attempt(other)
-                if (
-                    _rank(other) >= _rank(run)
-                    or attempt is None
-                    or attempt.stop_reason
-                    or attempt.state != AttemptState.RUNNING
-                ):
-                    continue
-                victims.append((other, attempt))
-                freed += len(other.nodes)
-                if freed >= need:
-                    break
-            if freed < need:
-                continue
-            for other, attempt in victims:
-                request_stop(session, other, attempt, f"{tag} ({run.priority})")
-            record_event(
-                session,
-                run,
-                "run.preempting",
-                f"preempting run(s) {', '.join(str(o.id) for o, _ in victims)} "
-                f"({victims[0][0].priority}) for {need} node(s)",
-            )
+            victims.append((other, attempt))
+            freed += len(other.nodes)
+            if freed >= need:
+                break
+        if freed < need:
+            continue
+        for other, attempt in victims:
+            request_stop(session, other, attempt, StopReason.PREEMPTED, for_run=run)
+        record_event(
+            session,
+            run,
+            "run.preempting",
+            f"preempting run(s) {', '.join(str(o.id) for o, _ in victims)} "
+            f"({victims[0][0].priority}) for {need} node(s)",
+        )
 
 
 def stop_segments_at_time_limit(settings: Settings) -> None:
@@ -93,12 +113,12 @@ def stop_segments_at_time_limit(settings: Settings) -> None:
     with session_scope() as session:
         for run in repository.runs_in_states(session, [RunState.RUNNING]):
             attempt = repository.live_attempt(run)
-            if attempt is None or attempt.started_at is None or attempt.stop_reason:
+            if attempt is None or attempt.started_at is None or attempt.stop_requested_at:
                 continue
             limit = timedelta(minutes=RunSpec.model_validate(run.spec).time_limit_min)
             margin = timedelta(seconds=settings.segment_stop_margin_s)
             if attempt.started_at + limit - margin <= now:
-                request_stop(session, run, attempt, "segment time limit")
+                request_stop(session, run, attempt, StopReason.TIME_LIMIT)
 
 
 def enforce_stop_deadlines() -> None:
@@ -120,11 +140,11 @@ def enforce_stop_deadlines() -> None:
 
 def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> None:
     """The attempt yielded at a checkpoint: not a failure, nothing counted against restarts."""
-    reason = attempt.stop_reason or "stopped"
+    reason = stop_text(attempt)
     newest = repository.newest_committed_checkpoint(session, run.id)
     at = f"; resumes from step {newest.step}" if newest else ""
     set_attempt_state(session, run, attempt, AttemptState.STOPPED, f"{reason} ({how})")
-    if reason.startswith("preempted"):
+    if attempt.stop_reason == StopReason.PREEMPTED:
         run.nodes = []  # hand the nodes over; it is placed again when nodes are free
         set_run_state(session, run, RunState.PENDING, f"{reason}{at}", attempt)
     else:

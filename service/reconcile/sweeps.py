@@ -12,12 +12,14 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
 from service.reconcile.attempts import NICE_BY_PRIORITY, mint_worker_token, new_attempt
 from service.recovery import timeline
+from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
@@ -135,9 +137,11 @@ def _array_failed(req: ArrayRequest, reason: str) -> None:
                 continue
             run, attempt = locked
             if run.state == RunState.CANCELLING:  # the user's cancel wins over the failure
+                set_stop_reason(attempt, StopReason.CANCELLED)
                 set_attempt_state(session, run, attempt, AttemptState.CANCELLED, reason)
                 set_run_state(session, run, RunState.CANCELLED, "cancelled by the user")
                 continue
+            set_stop_reason(attempt, StopReason.SUBMISSION_FAILED)
             set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
             if not run.state.is_terminal:
                 set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}")

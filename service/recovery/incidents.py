@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
 from service.models import Incident, IncidentState, NodeState, RecoveryAction, Run, RunState
@@ -108,7 +109,11 @@ def _move_run(session: Session, run: Run, incident: Incident, bad: str) -> list[
     if attempt is not None:
         incident.attempt_id = attempt.id
         end_attempt_and_restart(
-            session, run, attempt, f"node {bad} failed: {incident.signal}", hardware=True
+            session,
+            run,
+            attempt,
+            f"node {bad} failed: {incident.signal}",
+            cause=StopReason.NODE_FAILURE,
         )
     remaining = [n for n in run.nodes if n != bad]
     nodes = {n.name: n for n in (nodes_repo.get_node(session, x) for x in remaining) if n}
@@ -174,7 +179,9 @@ def _restart(item: _Todo) -> None:
             return
         run, attempt = locked
         incident.run_id, incident.attempt_id = run.id, attempt.id
-        if not end_attempt_and_restart(session, run, attempt, incident.message, hardware=False):
+        if not end_attempt_and_restart(
+            session, run, attempt, incident.message, cause=StopReason.RECOVERY_RESTART
+        ):
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
     if target[2]:
         commands.scancel(target[2])

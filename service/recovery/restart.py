@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from contract import ExitCode
+from contract import StopReason
 from service.models import Attempt, AttemptState, Run, RunState
 from service.runs.lifecycle import set_attempt_state, set_run_state
+
+
+def set_stop_reason(attempt: Attempt, reason: StopReason) -> None:
+    """Record why `attempt` ended (before its terminal transition). It replaces a stop the
+    service asked for, since the attempt may have ended otherwise first (a node failed while
+    it checkpointed to yield); only a preemption keeps the run it made room for."""
+    attempt.stop_reason = reason
+    if reason != StopReason.PREEMPTED:
+        attempt.stopped_for_run_id = None
 
 
 def end_attempt_and_restart(
@@ -15,21 +24,25 @@ def end_attempt_and_restart(
     attempt: Attempt,
     reason: str,
     *,
-    hardware: bool,
+    cause: StopReason,
     exit_code: int | None = None,
 ) -> bool:
-    """Mark `attempt` FAILED and send the run back to PENDING if it may go again.
+    """Mark `attempt` FAILED for `cause` (`reason` says it in words) and send the run back
+    to PENDING if it may go again.
 
     Hardware failures (a drained node) never use up `max_restarts`: the run did nothing
     wrong. Everything else does, so a run that keeps failing in its own code stops instead of
-    burning spares forever. Returns True if the run will restart.
+    burning spares forever; a worker that said DO_NOT_RETRY fails the run at once. Returns
+    True if the run will restart.
     """
     if not attempt.state.is_terminal:
+        set_stop_reason(attempt, cause)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if run.state.is_terminal or run.state == RunState.CANCELLING:
         return False
+    hardware = cause == StopReason.NODE_FAILURE
     software_restarts = run.num_restarts - run.num_hardware_restarts
-    if exit_code == ExitCode.DO_NOT_RETRY:
+    if cause == StopReason.DO_NOT_RETRY:
         set_run_state(
             session,
             run,

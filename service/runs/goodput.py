@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from contract import StopReason
 from service.models import Attempt, AttemptState, Checkpoint, Metric, Run
 from service.models.base import utcnow
 
@@ -92,8 +93,9 @@ def compute_goodput(
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
             gap = _s(attempt.ended_at, following.started_at)
-            if attempt.state == AttemptState.STOPPED and (attempt.stop_reason or "").startswith(
-                "preempted"
+            if (
+                attempt.state == AttemptState.STOPPED
+                and attempt.stop_reason == StopReason.PREEMPTED
             ):
                 preempted += gap
             elif attempt.state == AttemptState.STOPPED:

@@ -39,8 +39,8 @@ def report_progress(attempt_id: DbId, report: ProgressReport, session: SessionDe
     return ProgressAck(
         run_state=run.state,
         attempt_state=attempt.state,
-        stop_requested=attempt.stop_reason is not None,
-        stop_reason=attempt.stop_reason,
+        stop_requested=attempt.stop_requested_at is not None,
+        stop_reason=attempt.stop_reason if attempt.stop_requested_at else None,
     )
 
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract import StopReason
 from service.models import AttemptState, RunState
 
 
@@ -34,7 +35,9 @@ class ProgressAck(BaseModel):
         description="Finish this step, checkpoint and exit 0: preempted, or the end of a "
         "time-limited segment.",
     )
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = Field(
+        default=None, description="Why the stop was asked: preempted or time_limit."
+    )
 
 
 class CheckpointReport(_In):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from contract import ExitCode
 from service.errors import Conflict, NotFound
 from service.models import (
     Attempt,
@@ -153,7 +152,8 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
     attempt, run = live_attempt_and_run(session, attempt_id)
     if report.kind == "worker:do_not_retry":
         # Read when the job ends (reconcile/attempts.py): the run fails instead of retrying.
-        attempt.exit_code = ExitCode.DO_NOT_RETRY
+        # Its own column: the job still runs, so it has no exit code yet.
+        attempt.do_not_retry = True
     record_event(
         session,
         run,

@@ -1,0 +1,32 @@
+"""Why an attempt stopped: asked by the service, or ended on its own.
+
+One value per cause the service acts on or reports. Code branches on these, never on the
+human-readable text beside them (an attempt's `end_reason`), so "preempted by run 1" can no
+longer be confused with run 12's reason by a prefix match. Where a reason names another run
+(a preemption), that run's id travels in its own field, never inside a string.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StopReason(StrEnum):
+    """Why an attempt stopped or ended (stored on the attempt; shown by the API)."""
+
+    # Asked by the service: the ranks checkpoint and exit 0 (a yield, not a failure).
+    PREEMPTED = "preempted"  # a higher-priority run needed its nodes (see stopped_for_run_id)
+    TIME_LIMIT = "time_limit"  # a segment of a run longer than its Slurm time limit
+    # Ended.
+    COMPLETED = "completed"  # trained every step; the final checkpoint is committed
+    CANCELLED = "cancelled"  # the user cancelled the run
+    NODE_FAILURE = "node_failure"  # a node was drained; the run moves to a spare or shrinks
+    RECOVERY_RESTART = "recovery_restart"  # a hang or a transient error: restarted in place
+    JOB_FAILED = "job_failed"  # the job left Slurm without the worker's final step
+    DO_NOT_RETRY = "do_not_retry"  # the worker exited with ExitCode.DO_NOT_RETRY
+    SUBMISSION_FAILED = "submission_failed"  # sbatch refused the job
+
+    @property
+    def is_yield(self) -> bool:
+        """A stop the service asked for at a checkpoint: nothing counts against restarts."""
+        return self in (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
