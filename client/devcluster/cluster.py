@@ -21,7 +21,7 @@ import httpx
 from client.devcluster import postgres
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
 from client.devcluster.render import PARTITION, ClusterShape, render
-from service.config import REPO_ROOT
+from client.devcluster.paths import REPO_ROOT
 
 SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]
@@ -300,22 +300,29 @@ def _start_service(
 
 
 def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
-    """An admin token for the person at the keyboard and one agent token per node."""
-    from service.auth.bootstrap import mint_token_file
-    from service.models import Role
-
-    mint_token_file(
-        cluster.database_url, cluster.admin_token_file, user="admin", team="ops", role=Role.ADMIN
+    """An admin token for the person at the keyboard and one agent token per node, minted
+    by the service's own bootstrap (one process for all of them: the CLI talks to the
+    service over HTTP and never imports it)."""
+    wanted = [{"user": "admin", "team": "ops", "role": "admin", "out": cluster.admin_token_file}]
+    wanted += [
+        {
+            "user": f"agent-{node}",
+            "team": "ops",
+            "role": "agent",
+            "node": node,
+            "out": cluster.agent_token_file(node),
+        }
+        for node in shape.node_names
+    ]
+    listing = cluster.state_dir / "tokens-to-mint.json"
+    listing.write_text(json.dumps(wanted, default=str))
+    subprocess.run(
+        [sys.executable, "-m", "service.auth.bootstrap", "--from-json", str(listing)],
+        env={**os.environ, "RUNYARD_DATABASE_URL": cluster.database_url},
+        cwd=REPO_ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
-    for node in shape.node_names:
-        mint_token_file(
-            cluster.database_url,
-            cluster.agent_token_file(node),
-            user=f"agent-{node}",
-            team="ops",
-            role=Role.AGENT,
-            node_name=node,
-        )
 
 
 def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:

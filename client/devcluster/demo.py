@@ -16,7 +16,7 @@ from rich.console import Console
 
 from client.api import RunyardClient
 from client.output import print_table
-from service.config import REPO_ROOT
+from client.devcluster.paths import REPO_ROOT
 
 DEMO_SPEC = REPO_ROOT / "examples" / "tiny-demo.yaml"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import psycopg
 from sqlalchemy.engine import URL, make_url
 
-from service.config import REPO_ROOT
+from client.devcluster.paths import REPO_ROOT
 
 
 class PostgresUnavailable(RuntimeError):

@@ -2,11 +2,16 @@
 agent tokens) come to exist before anyone can call the API.
 
     python -m service.auth.bootstrap --user admin --team ops --role admin --out admin.token
+    python -m service.auth.bootstrap --from-json tokens.json   # many, in one process
+
+The JSON form (a list of {"user", "team", "role", "node", "out"}) is how `runyard dev up`
+mints the admin token and one agent token per node without importing the service.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -47,25 +52,40 @@ def mint_token_file(
         engine.dispose()
 
 
+def _mint_and_say(database_url: str, wanted: dict[str, str | None]) -> None:
+    out = Path(str(wanted["out"]))
+    made = mint_token_file(
+        database_url,
+        out,
+        user=str(wanted["user"]),
+        team=str(wanted["team"]),
+        role=Role(str(wanted["role"])),
+        node_name=wanted.get("node"),
+    )
+    print(f"{'wrote a new token to' if made else 'kept the valid token in'} {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--user", required=True)
-    parser.add_argument("--team", required=True)
-    parser.add_argument(
-        "--role", choices=[r.value for r in Role if r != Role.WORKER], required=True
-    )
+    parser.add_argument("--from-json", type=Path, help="a list of tokens to mint (see above)")
+    parser.add_argument("--user")
+    parser.add_argument("--team")
+    parser.add_argument("--role", choices=[r.value for r in Role if r != Role.WORKER])
     parser.add_argument("--node", default=None, help="for agent tokens")
-    parser.add_argument("--out", type=Path, required=True, help="file to write (mode 0600)")
+    parser.add_argument("--out", type=Path, help="file to write (mode 0600)")
     args = parser.parse_args()
-    made = mint_token_file(
-        Settings().database_url,
-        args.out,
-        user=args.user,
-        team=args.team,
-        role=Role(args.role),
-        node_name=args.node,
-    )
-    print(f"{'wrote a new token to' if made else 'kept the valid token in'} {args.out}")
+    database_url = Settings().database_url
+    if args.from_json is not None:
+        for wanted in json.loads(args.from_json.read_text()):
+            _mint_and_say(database_url, wanted)
+        return
+    if not (args.user and args.team and args.role and args.out):
+        parser.error("give --from-json, or all of --user --team --role --out")
+    _mint_and_say(
+        database_url,
+        {"user": args.user, "team": args.team, "role": args.role, "node": args.node,
+         "out": str(args.out)},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
