@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 
 from client.devcluster import postgres
+from client.devcluster.paths import REPO_ROOT
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
 from client.devcluster.render import PARTITION, ClusterShape, render
-from client.devcluster.paths import REPO_ROOT
 
 SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]

@@ -15,8 +15,8 @@ import yaml
 from rich.console import Console
 
 from client.api import RunyardClient
-from client.output import print_table
 from client.devcluster.paths import REPO_ROOT
+from client.output import print_table
 
 DEMO_SPEC = REPO_ROOT / "examples" / "tiny-demo.yaml"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
