@@ -4,11 +4,21 @@ Without a pipeline, the rank runs its micro batches one after another and accumu
 gradients, telling data parallel when to reduce them. With one, the pipeline schedule runs
 them through this rank's stages in 1F1B order. Either way the loss is the mean next-token
 cross entropy and the gradient is that of the mean over the whole global batch.
+
+A step leaves its loss and gradient norm on the device: ReportWindow keeps them until the
+loop's next report, which reads the whole window back in one go. Reading a value on every
+step would make the host wait for the GPU to drain its queue every step, and the GPU then
+idles while the host launches the next step's first kernels.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from contract import WorkerRunConfig
@@ -38,6 +48,16 @@ def build_optimizer(part: torch.nn.Module, config: WorkerRunConfig) -> torch.opt
     )
 
 
+def _to_device(tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a CPU batch to `device` without making the host wait for the GPU.
+
+    A copy from pageable memory is synchronous (CUDA stages it, and PyTorch then waits for
+    the stream); from pinned memory it is queued like a kernel (nanoGPT does the same)."""
+    if device.type != "cuda":
+        return tokens.to(device)
+    return tokens.pin_memory().to(device, non_blocking=True)
+
+
 def forward_backward(
     model: TrainingModel,
     batches: TokenBatches,
@@ -55,7 +75,9 @@ def forward_backward(
         inputs, targets = batches.micro_batch(step, m, dp_rank, dims.dp, mbs)
         # Context parallel: each cp rank keeps its two chunks of every sequence.
         micro.append(
-            tuple(shard_sequence(t, dims.cp, cp_rank).to(device) for t in (inputs, targets))
+            tuple(
+                _to_device(shard_sequence(t, dims.cp, cp_rank), device) for t in (inputs, targets)
+            )
         )
     if model.schedule is not None:
         # The schedule cuts the step's batch back into `accum` micro batches and runs 1F1B:
@@ -80,3 +102,93 @@ def forward_backward(
         (loss / accum).backward()
         total += loss.detach()
     return total, accum
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One step's figures as the report reads them back."""
+
+    step: int
+    loss: float  # mean next-token loss over the global batch
+    grad_norm: float  # before clipping
+    lr: float
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """What every rank learns at a report: the window's steps, whether any rank asked to
+    stop, and rank 0's choice of how many steps the next window holds."""
+
+    steps: list[StepFigures]
+    stop: bool
+    steps_to_next_report: int
+    elapsed_s: float  # wall time from the previous report's end to this one's read-back
+
+    @property
+    def step_time_s(self) -> float:
+        """Mean step time over the window: the only honest per-step time on a GPU, where
+        the host runs ahead and a step's own wall time is mostly kernel launches."""
+        return self.elapsed_s / len(self.steps)
+
+    @property
+    def non_finite_steps(self) -> list[int]:
+        return [
+            s.step for s in self.steps if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))
+        ]
+
+
+class ReportWindow:
+    """The steps since the last report, their loss sums and gradient norms still on the
+    device. Adding a step never synchronises; closing the window does, once."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.started = time.perf_counter()
+        self._steps: list[int] = []
+        self._lrs: list[float] = []
+        self._loss_sums: list[torch.Tensor] = []
+        self._num_losses: list[int] = []
+        self._grad_norms: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(
+        self, step: int, loss_sum: torch.Tensor, num_losses: int, grad_norm: torch.Tensor, lr: float
+    ) -> None:
+        """Keep one step's device values (no sync: nothing is read back)."""
+        self._steps.append(step)
+        self._lrs.append(lr)
+        self._loss_sums.append(loss_sum.detach().float())
+        self._num_losses.append(num_losses)
+        self._grad_norms.append(grad_norm.detach().float())
+
+    def close(self, stop_requested: bool, steps_to_next_report: int) -> WindowReport:
+        """Every rank, on the same step: reduce the window over the ranks and read it back.
+
+        One all-reduce sums, over the ranks that computed one, each step's losses and their
+        count (the last pipeline stage: so every rank gets the global mean), and every
+        rank's wish to stop; `steps_to_next_report` is counted from rank 0 alone (the
+        others pass 0), so that all ranks agree on when the next report comes.
+        """
+        n = len(self._steps)
+        if n == 0:
+            raise RuntimeError("a report needs at least one step since the last one")
+        host = [*map(float, self._num_losses), float(stop_requested), float(steps_to_next_report)]
+        # sync: a copy of host values to the device; the report waits for the GPU anyway.
+        summed = torch.cat([torch.stack(self._loss_sums), torch.tensor(host).to(self.device)])
+        dist.all_reduce(summed)  # sync: every rank's losses and stop wishes, one collective
+        # Host sync, the one per report: the window's values come back in a single copy.
+        # The gradient norm is already global on every rank (clip_grad_norm reduced it).
+        values = torch.cat([summed, torch.stack(self._grad_norms)]).tolist()
+        elapsed_s = time.perf_counter() - self.started
+        loss_sums, counts = values[:n], values[n : 2 * n]
+        stop, steps_to_next = values[2 * n], values[2 * n + 1]
+        grad_norms = values[2 * n + 2 :]
+        figures = [
+            StepFigures(step, loss_sum / count, grad_norm, lr)
+            for step, loss_sum, count, grad_norm, lr in zip(
+                self._steps, loss_sums, counts, grad_norms, self._lrs, strict=True
+            )
+        ]
+        return WindowReport(figures, stop > 0, max(1, round(steps_to_next)), elapsed_s)

@@ -12,7 +12,6 @@ import math
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,8 +24,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from worker import checkpoint
 from contract import ExitCode, ResumePoint, WorkerRunConfig
+from worker import checkpoint
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -40,9 +39,18 @@ from worker.faults import maybe_crash
 from worker.parallel import ParallelDims, build_training_model, check_supported
 from worker.parallel.data_parallel import clip_grad_norm
 from worker.reporter import FileReporter, Reporter
-from worker.step import build_optimizer, forward_backward, next_token_loss
+from worker.step import (
+    ReportWindow,
+    WindowReport,
+    build_optimizer,
+    forward_backward,
+    next_token_loss,
+)
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
+# At most this many steps between two reports: bounds the device values a window holds
+# and how late a stop is seen when a step is much faster than report_interval_s.
+MAX_STEPS_PER_REPORT = 100
 
 
 @dataclass(frozen=True)
@@ -181,56 +189,62 @@ def train_loop(
 
     tokens_per_step = config.global_batch * config.seq_len
     pp_mesh = dims.mesh("pp")
+    # Reports are the loop's only host syncs. Every rank must report on the same steps (a
+    # report is a collective), so the cadence is counted in steps: every step at first,
+    # then as many as take about report_interval_s, as rank 0 measured and told the others
+    # at the previous report. Checkpoint steps and the last step always report.
+    window = ReportWindow(device)
+    next_report_step, steps_per_report_wish = trainer.step + 1, 1
 
     for step in range(trainer.step + 1, config.steps + 1):
-        step_start = time.perf_counter()
         lr = lr_at(step, config)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr  # a Python float: AdamW reads it on the host, no sync
+        # Collectives inside (gradient reduction, the norm's all-reduce) are queued on the
+        # device like kernels: ranks meet there, the host does not wait for them.
         loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
         grad_norm = clip_grad_norm(model.parts, config.grad_clip, pp_mesh)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-
-        # sync: one all-reduce carries the loss (summed over the ranks that computed one: the
-        # last pipeline stage, so rank 0 reports the global mean) and any rank's reason to
-        # stop (the service cancelling the run, seen by rank 0; Slurm's time-limit signal,
-        # which ranks may see at different steps), so that every rank stops after one step.
-        cancel = is_rank0 and reporter.cancel_requested
-        stop_flag = 1.0 if cancel or time_limit_near.is_set() else 0.0
-        stats = torch.stack(
-            [
-                loss_sum,
-                torch.tensor(float(num_losses), device=device),
-                torch.tensor(stop_flag, device=device),
-            ]
-        )
-        dist.all_reduce(stats)
-        loss_total, losses_counted, stop_total = stats.tolist()  # host sync: the step is done
-        loss_value, stop = loss_total / losses_counted, stop_total > 0
-        step_time_s = time.perf_counter() - step_start
+        window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
         trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
         trainer.consumed_tokens += tokens_per_step
-        if is_rank0:
-            tokens_per_s = tokens_per_step / step_time_s
-            print(
-                f"step {step}/{config.steps} loss {loss_value:.4f} lr {lr:.2e} "
-                f"grad_norm {grad_norm.item():.3f} tok/s {tokens_per_s:.0f} "
-                f"step_time {step_time_s:.3f}s",
-                flush=True,
+
+        checkpoint_due = step % config.checkpoint_every == 0 or step == config.steps
+        stop = cancel = False
+        if step >= next_report_step or checkpoint_due:
+            # sync (host and ranks): the window's losses come back, and with them any
+            # rank's reason to stop (the service cancelling the run, seen by rank 0;
+            # Slurm's time-limit signal, which ranks may see at different steps), so that
+            # every rank stops after the same step. A stop is therefore seen within about
+            # report_interval_s, well inside the lead time of Slurm's signal.
+            cancel = is_rank0 and reporter.cancel_requested
+            report = window.close(
+                stop_requested=cancel or time_limit_near.is_set(),
+                steps_to_next_report=steps_per_report_wish if is_rank0 else 0,
             )
-            reporter.metric(step, loss_value, tokens_per_s, step_time_s)
+            window = ReportWindow(device)
+            stop, next_report_step = report.stop, step + report.steps_to_next_report
+            steps_per_report_wish = max(
+                1, min(MAX_STEPS_PER_REPORT, int(config.report_interval_s / report.step_time_s))
+            )
+            if is_rank0:
+                _report(report, config, reporter, tokens_per_step)
 
         committed(checkpointer.poll())  # the previous save, if it completed meanwhile
         last = step == config.steps or stop
-        if step % config.checkpoint_every == 0 or last:
-            committed(checkpointer.wait())  # one save in flight at a time
+        if checkpoint_due or last:
+            # sync (host only): one save in flight at a time; by now the last one is
+            # usually long done, checkpoint_every steps having passed.
+            committed(checkpointer.wait())
             if is_rank0:
                 target = str(checkpoint.step_folder(config.checkpoint_path, step).resolve())
                 reporter.checkpoint(step, target, "WRITING")
-            checkpointer.save(step)  # blocks for the copy to host memory only
+            # sync: the state is copied to host memory (a barrier first clears a stale
+            # folder); training waits for that copy only, a thread writes the files.
+            checkpointer.save(step)
             if last:  # the attempt ends here: its final checkpoint must be committed first
                 committed(checkpointer.wait())
         maybe_crash("after_step", step, rank)
@@ -246,6 +260,24 @@ def train_loop(
     if is_rank0 and not stopped_early:
         reporter.finish(trainer.step, last_checkpoint_step)
     return TrainResult(trainer.step, last_checkpoint_step, stopped_early)
+
+
+def _report(
+    report: WindowReport, config: WorkerRunConfig, reporter: Reporter, tokens_per_step: int
+) -> None:
+    """Rank 0: one line for the window's last step, and one metric row per step."""
+    tokens_per_s = tokens_per_step / report.step_time_s
+    last = report.steps[-1]
+    print(
+        f"step {last.step}/{config.steps} loss {last.loss:.4f} lr {last.lr:.2e} "
+        f"grad_norm {last.grad_norm:.3f} tok/s {tokens_per_s:.0f} "
+        f"step_time {report.step_time_s:.3f}s",
+        flush=True,
+    )
+    if report.non_finite_steps:  # checked here, in bulk: reading them per step would sync
+        print(f"warning: non-finite loss or gradient norm at steps {report.non_finite_steps}")
+    for figures in report.steps:
+        reporter.metric(figures.step, figures.loss, tokens_per_s, report.step_time_s)
 
 
 def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:

@@ -84,6 +84,9 @@ def layout_spec(root: Path, data_cache_dir: Path, name: str, **overrides: Any) -
         steps=EXTRA_STEPS if name in EXTRAS else STEPS,
         warmup_steps=3,
         checkpoint_every=RESUME_AT if name in SAVES_FOR_RESUME else 1000,
+        # Reports (the loop's host syncs) at steps 1 and 2, then only at checkpoints and at
+        # the end: every step's loss must still come back right from windows of many steps.
+        report_interval_s=3600.0,
     )
     return spec | overrides
 
@@ -135,8 +138,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, data_cache_dir: Path) -> dict
         for name in LAYOUTS
     ]  # fmt: skip
     for name, (source, layout, ranks) in RESUMES.items():
+        # Reports every step (a stop is seen at a report): the stop lands on the next step.
         config = layout_spec(root, data_cache_dir, name, layout=layout,
-                             resume_from=resume_point(root, source))  # fmt: skip
+                             resume_from=resume_point(root, source),
+                             report_interval_s=1e-3)  # fmt: skip
         scenarios.append({"name": name, "world_size": ranks, "config": config,
                           "metrics": str(root / f"{name}.jsonl"),
                           "stop_after": RESUME_AT + RESUMED_STEPS - 1})  # fmt: skip

@@ -124,10 +124,13 @@ def time_limit_signal(reporter: FileReporter) -> None:
 def test_a_stop_request_ends_with_a_checkpoint_and_no_finish(
     tmp_path: Path, data_cache_dir: Path, action: Callable[[FileReporter], None]
 ) -> None:
-    config = WorkerRunConfig.model_validate(tiny_spec(tmp_path / "ckpt", data_cache_dir))
+    # A stop is seen at the next report; a report interval far below a step's time makes
+    # every step a report.
+    spec = tiny_spec(tmp_path / "ckpt", data_cache_dir, report_interval_s=1e-3)
+    config = WorkerRunConfig.model_validate(spec)
     metrics = tmp_path / "metrics.jsonl"
     result = train(config, read_launch_env({}), ActAfterStep(metrics, at=2, action=action))
-    # Seen by the loop at the next step's all-reduce: step 3 is the last.
+    # Seen by the loop at the next step's report: step 3 is the last.
     assert (result.final_step, result.final_checkpoint_step, result.stopped_early) == (3, 3, True)
     assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
     assert (tmp_path / "ckpt" / "step_00000003" / "COMMITTED").exists()
