@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contract.dataset import INDEX_FILE, read_dataset_index
 from worker.files import write_atomic
 
 BUILTIN_NAME = "builtin-v1"
 BUILTIN_MAX_BYTES = 8 * 1024 * 1024  # enough text for the tiny models to learn from
 SHARD_TOKENS = 1024 * 1024  # 1 MiB of uint8 per shard
-INDEX_FILE = "index.json"
 _DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -94,18 +94,30 @@ def ensure_builtin_corpus(cache_dir: Path) -> Path:
 
 
 class TokenStream:
-    """All shards of a corpus as one read-only token sequence (memory-mapped)."""
+    """One split of a corpus, all its shards as one read-only token sequence (memory-mapped).
 
-    def __init__(self, folder: Path) -> None:
+    `split` is "train" (the index's `shards`) or "validation" (the held-out split a prepared
+    dataset has; the builtin corpus has none).
+    """
+
+    def __init__(self, folder: Path, split: str = "train") -> None:
         index_path = folder / INDEX_FILE
         if not index_path.exists():
             raise FileNotFoundError(f"{index_path} missing: not a packed token folder")
-        index = json.loads(index_path.read_text())
-        dtype = _DTYPES[index["dtype"]]
-        self.vocab: int = index["vocab"]
+        index = read_dataset_index(folder)
+        if split == "train":
+            shards = index.shards
+        elif split == "validation" and index.validation is not None:
+            shards = index.validation.shards
+        else:
+            raise ValueError(f"{folder} has no {split!r} split")
+        dtype = _DTYPES[index.dtype]
+        self.index = index
+        self.vocab: int = index.vocab
         self.shards = [
-            np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["num_tokens"],))
-            for s in index["shards"]
+            np.memmap(folder / s.file, dtype=dtype, mode="r", shape=(s.num_tokens,))
+            for s in shards
+            if s.num_tokens  # numpy cannot map an empty file
         ]
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])
         self.num_tokens = int(self.starts[-1])
@@ -176,7 +188,8 @@ class TokenBatches:
         return block[:, :-1], block[:, 1:]  # targets are the inputs shifted left by one token
 
 
-def open_corpus(data: str, cache_dir: Path) -> TokenStream:
-    """The token stream for config.data: "builtin" (packed on demand) or a shard folder."""
+def open_corpus(data: str, cache_dir: Path, split: str = "train") -> TokenStream:
+    """The token stream for config.data: "builtin" (packed on demand) or a shard folder
+    (`runyard data prepare` writes one, with a "validation" split beside "train")."""
     folder = ensure_builtin_corpus(cache_dir) if data == "builtin" else Path(data)
-    return TokenStream(folder)
+    return TokenStream(folder, split)

@@ -1,0 +1,215 @@
+"""Prepare a corpus: plan units, tokenize them over a process pool, write shards in order.
+
+The output folder holds `shard_NNNNN.bin` (training tokens), `val_NNNNN.bin` (the held-out
+split), `.prepare/` (the plan and the journal) and, written last, `index.json`
+(contract.dataset.DatasetIndex, format 2). Units are tokenized out of order by the pool but
+written in order, so the token stream depends on the inputs, the tokenizer and the settings
+alone: not on the number of processes, and not on how often the prepare was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contract.dataset import INDEX_FILE, DatasetIndex, TokenSplit, dtype_for_vocab
+from worker.files import write_atomic
+
+from .encoder import EncodedUnit, EncoderSettings, encode_unit, load_tokenizer, start_process
+from .errors import PrepareError
+from .sources import UNIT_BYTES, find_sources, fingerprint, plan_units
+from .writer import Journal, ShardAppender
+
+SHARD_TOKENS = 32 * 1024 * 1024  # tokens per shard file: 128 MiB at uint32
+WORK_DIR = ".prepare"
+# Test hook, like worker/faults.py: SIGKILL the prepare after unit N's tokens are on disk
+# and before the journal records it (the moment a resume must cut the shards back).
+FAULT_ENV = "RUNYARD_PREPARE_FAULT"
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Everything that decides the token stream (a resume must be given the same)."""
+
+    text_field: str = "text"
+    val_fraction: float = 0.005
+    seed: int = 0  # of the validation draw
+    eos_token: str | None = None  # None: the tokenizer folder's eos_token
+    shard_tokens: int = SHARD_TOKENS
+    unit_bytes: int = UNIT_BYTES
+
+
+@dataclass
+class PrepareProgress:
+    """Where a prepare is: handed to the progress callback after every unit."""
+
+    num_units: int
+    units_done: int = 0
+    units_skipped: int = 0  # done by an earlier, interrupted prepare
+    tokens: int = 0  # written by this invocation
+    documents: int = 0
+    chars: int = 0
+    resumed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _check_settings(settings: PrepareSettings) -> None:
+    if not 0 <= settings.val_fraction < 1:
+        raise PrepareError(f"--val-fraction must be in [0, 1), got {settings.val_fraction}")
+    if settings.shard_tokens < 1 or settings.unit_bytes < 1:
+        raise PrepareError("shard_tokens and unit_bytes must be positive")
+
+
+def _claim_output(out: Path, plan: dict[str, Any]) -> bool:
+    """Make `out` ours; True when it holds this very prepare, interrupted (or finished)."""
+    plan_path = out / WORK_DIR / "plan.json"
+    if plan_path.exists():
+        if json.loads(plan_path.read_text()) != plan:
+            raise PrepareError(
+                f"{out} holds a prepare of other inputs, tokenizer or settings (or an input "
+                "changed since): delete it or choose another --out"
+            )
+        return True
+    if out.exists() and any(out.iterdir()):
+        raise PrepareError(f"{out} is not empty and holds no prepare: choose an empty --out")
+    (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
+    write_atomic(plan_path, json.dumps(plan).encode())
+    return False
+
+
+def _maybe_fault(unit: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec == f"kill_before_journal:{unit}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def prepare_dataset(
+    sources: list[Path],
+    tokenizer_dir: Path,
+    out: Path,
+    settings: PrepareSettings | None = None,
+    num_workers: int | None = None,
+    on_progress: Callable[[PrepareProgress], None] | None = None,
+) -> DatasetIndex:
+    """Tokenize `sources` with the tokenizer in `tokenizer_dir` into `out`, resuming an
+    interrupted prepare of the same inputs there. Raises PrepareError on bad input."""
+    settings = settings or PrepareSettings()
+    _check_settings(settings)
+    _, identity = load_tokenizer(tokenizer_dir, settings.eos_token)
+    found = find_sources(sources)
+    units = plan_units(found, settings.text_field, settings.unit_bytes)
+    plan = {
+        "settings": {k: v for k, v in vars(settings).items()},
+        "tokenizer": identity.model_dump(),
+        "inputs": fingerprint(found),
+        "units": [u.to_json() for u in units],
+    }
+    resumed = _claim_output(out, plan)
+    if (out / INDEX_FILE).exists():  # finished before: nothing to do
+        return DatasetIndex.model_validate_json((out / INDEX_FILE).read_text())
+
+    dtype = np.dtype(dtype_for_vocab(identity.vocab))
+    train = ShardAppender(out, "shard", dtype, settings.shard_tokens)
+    validation = ShardAppender(out, "val", dtype, settings.shard_tokens)
+    journal = Journal(out / WORK_DIR / "journal.jsonl")
+    done = journal.entries()
+    last = done[-1] if done else {"train": 0, "validation": 0, "documents": 0, "val_docs": 0}
+    train.cut_to(last["train"])
+    validation.cut_to(last["validation"])
+    progress = PrepareProgress(len(units), len(done), len(done), resumed=resumed)
+    num_documents, num_val_documents = last["documents"], last["val_docs"]
+
+    def write(encoded: EncodedUnit) -> None:
+        nonlocal num_documents, num_val_documents
+        train.append(encoded.train)
+        validation.append(encoded.validation)
+        train.sync()
+        validation.sync()
+        _maybe_fault(encoded.number)
+        num_documents += encoded.num_documents
+        num_val_documents += encoded.num_validation_documents
+        journal.record(
+            {
+                "unit": encoded.number,
+                "train": train.num_tokens,
+                "validation": validation.num_tokens,
+                "documents": num_documents,
+                "val_docs": num_val_documents,
+            }
+        )
+        progress.units_done += 1
+        progress.tokens += len(encoded.train) + len(encoded.validation)
+        progress.documents += encoded.num_documents + encoded.num_validation_documents
+        progress.chars += encoded.num_chars
+        if on_progress is not None:
+            on_progress(progress)
+
+    if on_progress is not None:
+        on_progress(progress)
+    encoder = EncoderSettings(
+        tokenizer_dir=str(tokenizer_dir),
+        eos_token=identity.eos_token,
+        text_field=settings.text_field,
+        val_fraction=settings.val_fraction,
+        seed=settings.seed,
+        num_units=len(units),
+    )
+    _run_pool(units[len(done) :], len(done), encoder, num_workers or os.cpu_count() or 1, write)
+
+    if train.num_tokens == 0:
+        raise PrepareError(f"{', '.join(map(str, sources))}: no training tokens (empty input?)")
+    index = DatasetIndex(
+        format=2,
+        dtype=dtype_for_vocab(identity.vocab),
+        vocab=identity.vocab,
+        num_tokens=train.num_tokens,
+        sha256=train.sha256(),
+        source=", ".join(str(s) for s in sources),
+        shards=train.shards(),
+        num_documents=num_documents,
+        validation=TokenSplit(
+            num_tokens=validation.num_tokens,
+            num_documents=num_val_documents,
+            sha256=validation.sha256(),
+            shards=validation.shards(),
+        ),
+        tokenizer=identity,
+    )
+    write_atomic(out / INDEX_FILE, index.model_dump_json(indent=2).encode())  # last
+    os.chmod(out / INDEX_FILE, 0o644)  # mkstemp made it private; the service reads it too
+    return index
+
+
+def _run_pool(
+    units: list[Any],
+    first_number: int,
+    encoder: EncoderSettings,
+    num_workers: int,
+    write: Callable[[EncodedUnit], None],
+) -> None:
+    """Encode `units` over `num_workers` processes; hand them to `write` in order. At most
+    two units per process are in flight, which bounds memory however slow the head unit."""
+    context = multiprocessing.get_context("spawn")  # no tokenizer state forked across
+    pool = ProcessPoolExecutor(
+        num_workers, mp_context=context, initializer=start_process, initargs=(encoder,)
+    )
+    pending: deque[Future[EncodedUnit]] = deque()
+    next_unit = 0
+    try:
+        while pending or next_unit < len(units):
+            while next_unit < len(units) and len(pending) < 2 * num_workers:
+                pending.append(pool.submit(encode_unit, first_number + next_unit, units[next_unit]))
+                next_unit += 1
+            write(pending.popleft().result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
