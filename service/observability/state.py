@@ -1,8 +1,8 @@
 """Gauges read from Postgres at scrape time: the platform's state as a dashboard shows it.
 
 Read on every scrape (every 15-60 s) in one short read-only transaction, with queries that
-stay cheap however long runs train: counts grouped in SQL, and goodput from the last metric
-of each attempt rather than every step ever reported.
+stay cheap however long runs train: counts grouped in SQL, and goodput from each attempt's
+stored progress summary rather than every step ever reported.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from service.models.base import utcnow
 from service.recovery.signals import OPEN_STATES
 from service.recovery.spares import get_target
 from service.runs.goodput import achieved_mfu, compute_goodput
-from service.runs.repository import checkpoints, last_metric_per_attempt
+from service.runs.repository import checkpoints
 
 log = logging.getLogger(__name__)
 SessionFactory = Callable[[], AbstractContextManager[Session]]
@@ -146,12 +146,7 @@ class StateCollector(Collector):
             attempts = session.scalars(
                 select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
             ).all()
-            figures = compute_goodput(
-                run,
-                attempts,
-                last_metric_per_attempt(session, run.id),
-                checkpoints(session, run.id),
-            )
+            figures = compute_goodput(run, attempts, checkpoints(session, run.id))
             allocated.add_metric(key, figures.allocated_s)
             if figures.goodput is not None:
                 goodput.add_metric(key, figures.goodput)

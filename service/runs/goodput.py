@@ -4,6 +4,10 @@ Allocated time runs from the first attempt starting to the run's end (or now): b
 attempts the run keeps its nodes in its reservation, so that time is paid for too. Lost time
 is split by cause; productive = allocated - lost; goodput = productive / allocated (the same
 ratio in GPU-hours). Queueing before the first start is reported but not allocated.
+
+Everything is read from the attempts' stored progress summaries (first and last report
+times, kept current by every progress report) and the checkpoints, never from the metric
+rows: a long run has millions of those, and `run watch` asks for goodput every 2 s.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from contract import StopReason
-from service.models import Attempt, AttemptState, Checkpoint, Metric, Run
+from service.models import Attempt, AttemptState, Checkpoint, Run
 from service.models.base import utcnow
 
 
@@ -53,11 +57,9 @@ def _s(start: datetime | None, end: datetime | None) -> float:
 
 
 def compute_goodput(
-    run: Run,
-    attempts: Sequence[Attempt],
-    metrics: Sequence[Metric],
-    checkpoints: Sequence[Checkpoint],
+    run: Run, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint]
 ) -> Goodput:
+    """Goodput of `run` from its attempts (in order) and its checkpoints alone."""
     now = utcnow()
     started = [a for a in attempts if a.started_at is not None]
     gpus = run.num_nodes * run.gpus_per_node
@@ -80,28 +82,23 @@ def compute_goodput(
             queued_s=queued,
         )
     allocated = _s(started[0].started_at, run.ended_at or now)
-    by_attempt: dict[int, list[Metric]] = {}
-    for m in metrics:
-        by_attempt.setdefault(m.attempt_id, []).append(m)
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     recomputed = detection = resubmit = startup = preempted = segments = 0.0
     for i, attempt in enumerate(started):
-        mine = by_attempt.get(attempt.id, [])
+        reported = attempt.last_progress_at is not None
         startup += _s(
-            attempt.started_at, attempt.first_step_at or (attempt.ended_at if not mine else None)
+            attempt.started_at,
+            attempt.first_step_at or (attempt.ended_at if not reported else None),
         )
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
             gap = _s(attempt.ended_at, following.started_at)
-            if (
-                attempt.state == AttemptState.STOPPED
-                and attempt.stop_reason == StopReason.PREEMPTED
-            ):
-                preempted += gap
-            elif attempt.state == AttemptState.STOPPED:
-                segments += gap
-            else:
+            if attempt.state != AttemptState.STOPPED:
                 resubmit += gap
+            elif attempt.stop_reason == StopReason.PREEMPTED:
+                preempted += gap
+            else:  # StopReason.TIME_LIMIT
+                segments += gap
         if attempt.state == AttemptState.FAILED and attempt.ended_at is not None:
             # Work after the checkpoint the next attempt resumed from is lost: from that
             # commit to the last step seen it was recomputed; from there to the attempt's
@@ -112,7 +109,7 @@ def compute_goodput(
             lost_from = (
                 max(commit, attempt.started_at or commit) if commit else attempt.first_step_at
             )
-            last_seen = max((m.recorded_at for m in mine), default=None)
+            last_seen = attempt.last_progress_at
             if lost_from is not None:
                 progress_end = max(last_seen or lost_from, lost_from)
                 recomputed += _s(lost_from, min(progress_end, attempt.ended_at))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session, selectinload
 
 from service.models import (
@@ -128,17 +127,6 @@ def metrics(session: Session, run_id: int, after_step: int, limit: int) -> Seque
         .where(Metric.run_id == run_id, Metric.step > after_step)
         .order_by(Metric.step, Metric.id)
         .limit(limit)
-    )
-    return session.scalars(stmt).all()
-
-
-def last_metric_per_attempt(session: Session, run_id: int) -> Sequence[Metric]:
-    """The newest metric of each attempt: all goodput needs, without every step's row."""
-    stmt = (
-        select(Metric)
-        .where(Metric.run_id == run_id)
-        .ext(distinct_on(Metric.attempt_id))
-        .order_by(Metric.attempt_id, Metric.recorded_at.desc(), Metric.id.desc())
     )
     return session.scalars(stmt).all()
 

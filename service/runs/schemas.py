@@ -14,6 +14,7 @@ from contract import (
     PipelineSchedule,
     Precision,
     Recompute,
+    StopReason,
 )
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
@@ -122,7 +123,16 @@ class AttemptOut(BaseModel):
     nodes: list[str]
     resume_step: int | None
     exit_code: int | None
-    end_reason: str | None
+    end_reason: str | None = Field(description="Why it ended, in words, for people.")
+    stop_reason: StopReason | None = Field(
+        default=None, description="Why it stopped or ended, as a value code can act on."
+    )
+    stopped_for_run_id: int | None = Field(
+        default=None, description="The run it yielded its nodes to (stop_reason preempted)."
+    )
+    do_not_retry: bool = Field(
+        default=False, description="A rank reported that another attempt cannot help."
+    )
     submitted_at: datetime | None
     started_at: datetime | None
     ended_at: datetime | None

@@ -274,9 +274,5 @@ def worker_config(
 
 
 def run_goodput(session: Session, run: Run) -> Goodput:
-    return compute_goodput(
-        run,
-        run.attempts,
-        repository.metrics(session, run.id, after_step=-1, limit=10_000_000),
-        repository.checkpoints(session, run.id),
-    )
+    """From the attempts' progress summaries and the checkpoints: no scan of metric rows."""
+    return compute_goodput(run, run.attempts, repository.checkpoints(session, run.id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict, NotFound
@@ -53,9 +55,12 @@ def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
 def record_progress(
     session: Session, attempt_id: int, report: ProgressReport
 ) -> tuple[Run, Attempt]:
+    """Store the reported steps and keep the run's and the attempt's summaries current in
+    the same transaction, so readers (goodput, `run watch`) never scan the metric rows."""
     attempt, run = live_attempt_and_run(session, attempt_id)
     mark_running(session, run, attempt)
-    attempt.last_heartbeat_at = utcnow()
+    now = utcnow()
+    attempt.last_heartbeat_at = now
     for m in report.metrics:
         session.add(
             Metric(
@@ -65,18 +70,28 @@ def record_progress(
                 loss=m.loss,
                 tokens_per_s=m.tokens_per_s,
                 step_time_s=m.step_time_s,
+                recorded_at=now,
             )
         )
     if report.metrics:
         last = max(report.metrics, key=lambda m: m.step)
         run.last_step, run.last_loss = last.step, last.loss
         run.tokens_per_s = last.tokens_per_s
-        run.last_progress_at = utcnow()
+        run.last_progress_at = now
+        _summarise_progress(attempt, last.step, now)
         if attempt.first_step is None:
             attempt.first_step = min(m.step for m in report.metrics)
-            attempt.first_step_at = utcnow()
+            attempt.first_step_at = now
             timeline.first_step(session, run.id, attempt.first_step)
     return run, attempt
+
+
+def _summarise_progress(attempt: Attempt, step: int, at: datetime) -> None:
+    """The attempt's highest step and its newest report: what goodput reads (runs/goodput.py)
+    instead of the metric rows. Reports may race each other, so both only move forward."""
+    attempt.last_step = max(attempt.last_step or step, step)
+    if attempt.last_progress_at is None or attempt.last_progress_at < at:
+        attempt.last_progress_at = at
 
 
 def record_checkpoint(session: Session, attempt_id: int, report: CheckpointReport) -> Checkpoint:
@@ -151,7 +166,7 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
     """
     attempt, run = live_attempt_and_run(session, attempt_id)
     if report.kind == "worker:do_not_retry":
-        # Read when the job ends (reconcile/attempts.py): the run fails instead of retrying.
+        # Read when the job ends (reconcile/verdict.py): the run fails instead of retrying.
         # Its own column: the job still runs, so it has no exit code yet.
         attempt.do_not_retry = True
     record_event(
