@@ -20,7 +20,7 @@ from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
-from service.reconcile import attempts, preemption, sweeps
+from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -57,23 +57,24 @@ class Reconciler:
     def tick(self) -> None:
         """One pass over everything that may need action."""
         snapshot = take_snapshot(self.slurm)
+        s, settings, slurm = snapshot, self.settings, self.slurm
         steps: list[tuple[str, Callable[[], None]]] = [
-            ("sync nodes", lambda: self.sync_nodes(snapshot)),
-            ("incidents", lambda: process_incidents(self.settings)),
-            ("node health", lambda: check_nodes(self.settings, snapshot, self.started_at)),
-            ("hangs", lambda: check_hangs(self.settings, self.started_at)),
-            ("spares", lambda: maintain_spares(self.settings, snapshot)),
-            ("placement", lambda: attempts.place_pending(self.settings, snapshot)),
-            ("preemption", lambda: preemption.preempt_for_waiting_runs(snapshot)),
-            ("segments", lambda: preemption.stop_segments_at_time_limit(self.settings)),
-            ("stop deadlines", preemption.enforce_stop_deadlines),
-            ("run reservations", lambda: preemption.sync_run_reservations(snapshot)),
-            ("submission", lambda: attempts.submit_pending(self.settings, snapshot)),
-            ("sweeps", lambda: sweeps.submit_sweeps(self.settings)),
-            ("cancellation", attempts.stop_cancelling),
-            ("job states", attempts.poll_attempts),
-            ("array nodes", lambda: sweeps.hold_array_nodes(snapshot)),
-            ("release", lambda: attempts.release_ended_runs(snapshot)),
+            ("sync nodes", lambda: self.sync_nodes(s)),
+            ("incidents", lambda: process_incidents(settings, slurm)),
+            ("node health", lambda: check_nodes(settings, s, self.started_at)),
+            ("hangs", lambda: check_hangs(settings, self.started_at)),
+            ("spares", lambda: maintain_spares(settings, s, slurm)),
+            ("placement", lambda: placement.place_pending(settings, s)),
+            ("preemption", lambda: preemption.preempt_for_waiting_runs(s)),
+            ("segments", lambda: preemption.stop_segments_at_time_limit(settings)),
+            ("stop deadlines", lambda: preemption.enforce_stop_deadlines(slurm)),
+            ("run reservations", lambda: preemption.sync_run_reservations(s, slurm)),
+            ("submission", lambda: submission.submit_pending(settings, s, slurm)),
+            ("sweeps", lambda: sweeps.submit_sweeps(settings, slurm)),
+            ("cancellation", lambda: cancellation.stop_cancelling(settings, slurm)),
+            ("job states", lambda: polling.poll_attempts(settings, slurm)),
+            ("array nodes", lambda: sweeps.hold_array_nodes(s, slurm)),
+            ("release", lambda: placement.release_ended_runs(s, slurm)),
         ]
         for name, step in steps:
             try:

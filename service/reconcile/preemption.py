@@ -17,7 +17,8 @@ from service.models.base import utcnow
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.slurm import commands
+from service.slurm.client import SlurmClient
+from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
 STOP_GRACE_S = 180.0  # after this long a stop request becomes a scancel
@@ -121,7 +122,7 @@ def stop_segments_at_time_limit(settings: Settings) -> None:
                 request_stop(session, run, attempt, StopReason.TIME_LIMIT)
 
 
-def enforce_stop_deadlines() -> None:
+def enforce_stop_deadlines(slurm: SlurmClient) -> None:
     """Ranks that ignore a stop request for STOP_GRACE_S are cancelled outright."""
     deadline = utcnow() - timedelta(seconds=STOP_GRACE_S)
     with session_scope() as session:
@@ -134,8 +135,8 @@ def enforce_stop_deadlines() -> None:
             and not a.state.is_terminal
             and a.slurm_job_id
         ]
-    for job in jobs:
-        commands.scancel(job)
+    if jobs:
+        slurm.cancel(jobs)
 
 
 def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> None:
@@ -153,10 +154,8 @@ def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> N
         )
 
 
-def sync_run_reservations(snapshot: ClusterSnapshot) -> None:
+def sync_run_reservations(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     """A run's reservation holds exactly its nodes (a preempted run's shrinks to none)."""
-    from service.slurm.reservations import ensure_reservation
-
     with session_scope() as session:
         want = {
             r.reservation: list(r.nodes)
@@ -168,4 +167,4 @@ def sync_run_reservations(snapshot: ClusterSnapshot) -> None:
         if sorted(snapshot.reservations.get(name, [])) != sorted(nodes) and (
             nodes or name in snapshot.reservations
         ):
-            ensure_reservation(name, nodes, snapshot.reservations)
+            ensure_reservation(slurm, name, nodes, snapshot.reservations)

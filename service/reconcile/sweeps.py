@@ -1,6 +1,6 @@
 """Submit each sweep's first attempts as one Slurm job array, and hold what Slurm gave them.
 
-The same two-transaction rule as attempts.py: the attempts (and their order in the array)
+The same two-transaction rule as submission.py: the attempts (and their order in the array)
 are recorded before sbatch, so a service that dies mid-submit finds the array by its unique
 name and maps its tasks back instead of submitting twice.
 """
@@ -17,26 +17,25 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
-from service.reconcile.attempts import NICE_BY_PRIORITY, mint_worker_token, new_attempt
+from service.reconcile.submission import NICE_BY_PRIORITY, mint_worker_token, new_attempt
 from service.recovery import timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.slurm import commands
-from service.slurm.commands import SlurmError
+from service.slurm.client import SlurmClient, SlurmError
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import ArrayRequest, submit_array, write_token_file
+from service.slurm.submit import ArrayRequest, write_token_file
 
 log = logging.getLogger(__name__)
 
 
-def submit_sweeps(settings: Settings) -> None:
+def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
     """One sbatch --array per sweep not yet queued; task i is its i-th still-pending run."""
     for req in _prepare(settings):
         try:
-            array_id = commands.array_job_by_name(req.job_name)
+            array_id = slurm.array_job_by_name(req.job_name)
         except SlurmError as exc:
             log.warning("sweep %d: cannot tell whether its array is queued: %s", req.sweep_id, exc)
             continue  # next pass; submitting now could queue it twice
@@ -46,11 +45,11 @@ def submit_sweeps(settings: Settings) -> None:
             for task, pair in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
                 write_token_file(req.token_file(task), mint_worker_token(*pair))
             try:
-                array_id = submit_array(req, settings)
+                array_id = slurm.submit_array(req)
             except SlurmError as exc:
                 _array_failed(req, str(exc))
                 continue
-        _record_array(req, array_id)
+        _record_array(req, array_id, slurm)
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 
 
@@ -94,7 +93,7 @@ def _prepare(settings: Settings) -> list[ArrayRequest]:
     return todo
 
 
-def _record_array(req: ArrayRequest, array_id: str) -> None:
+def _record_array(req: ArrayRequest, array_id: str, slurm: SlurmClient) -> None:
     """Every task's job id goes on its attempt. A member cancelled while sbatch ran is
     CANCELLING with its attempt still live (stop_cancelling waits for this), so the
     cancellation pass that follows scancels its task from what is stored here."""
@@ -121,8 +120,8 @@ def _record_array(req: ArrayRequest, array_id: str) -> None:
             )
             if run.state == RunState.PENDING:
                 timeline.attempt_submitted(session, run.id)
-    for job_id in orphaned:
-        commands.scancel(job_id)
+    if orphaned:
+        slurm.cancel(orphaned)
 
 
 def _array_failed(req: ArrayRequest, reason: str) -> None:
@@ -147,7 +146,7 @@ def _array_failed(req: ArrayRequest, reason: str) -> None:
                 set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}")
 
 
-def hold_array_nodes(snapshot: ClusterSnapshot) -> None:
+def hold_array_nodes(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     """A running array task's nodes go into its run's own reservation at once, so a failed
     task's healthy nodes are not taken by other pending jobs before the retry is queued."""
     with session_scope() as session:
@@ -164,4 +163,4 @@ def hold_array_nodes(snapshot: ClusterSnapshot) -> None:
     for name, nodes in want:
         assert name is not None
         if nodes and name not in snapshot.reservations:
-            ensure_reservation(name, nodes, snapshot.reservations)
+            ensure_reservation(slurm, name, nodes, snapshot.reservations)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import subprocess
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,7 +15,7 @@ from service.db import session_scope
 from service.models import Attempt, AttemptState, Metric, RecoveryAction, Run, RunState
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
-from service.slurm.commands import slurm_env
+from service.slurm.client import SlurmClient, SlurmError
 
 STACKS_TIMEOUT_S = 20
 
@@ -67,7 +66,7 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                 )
 
 
-def collect_stacks(job_id: str, attempt_id: int, num_nodes: int) -> str | None:
+def collect_stacks(slurm: SlurmClient, job_id: str, attempt_id: int, num_nodes: int) -> str | None:
     """py-spy dump of every rank, run on the job's own nodes through an overlapping step."""
     beside = Path(sys.executable).parent / "py-spy"  # installed with runyard[worker]
     py_spy = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
@@ -76,22 +75,7 @@ def collect_stacks(job_id: str, attempt_id: int, num_nodes: int) -> str | None:
         f'echo "== $(hostname) pid $p"; {py_spy} dump --nonblocking --pid "$p" 2>&1; done'
     )
     try:
-        out = subprocess.run(
-            [
-                "srun",
-                f"--jobid={job_id}",
-                "--overlap",
-                f"-N{num_nodes}",
-                "--ntasks-per-node=1",
-                "bash",
-                "-c",
-                script,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=STACKS_TIMEOUT_S,
-            env=slurm_env(),
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = slurm.run_in_job(job_id, num_nodes, script, STACKS_TIMEOUT_S)
+    except SlurmError as exc:
         return f"stack collection failed: {exc}"
-    return (out.stdout + out.stderr).strip() or None
+    return out.strip() or None

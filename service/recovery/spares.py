@@ -11,6 +11,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import ClusterSetting, Node, NodeState, Run, RunState
 from service.nodes.lifecycle import set_node_state
+from service.slurm.client import SlurmClient
 from service.slurm.reservations import ensure_reservation, spare_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
@@ -43,7 +44,7 @@ def nodes_held_by_runs(session: Session) -> set[str]:
     return {n for nodes in rows for n in nodes}
 
 
-def maintain_spares(settings: Settings, snapshot: ClusterSnapshot) -> None:
+def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     """Refill (or shrink) the pool toward its target, then make the reservation match."""
     name = spare_reservation(settings.slurm_job_prefix)
     ours = set(snapshot.reservations.get(name, []))
@@ -73,4 +74,4 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 per_switch[pick.switch] += 1
                 spares.append(pick)
         members = sorted(n.name for n in spares[:target])
-    ensure_reservation(name, members, snapshot.reservations)
+    ensure_reservation(slurm, name, members, snapshot.reservations)

@@ -177,15 +177,10 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
-def show_job(job_id: str) -> JobStatus | None:
-    """One job slurmctld still remembers, or None (kept until the reconciler batches)."""
-    return show_jobs([job_id]).get(job_id)
-
-
 def scancel(job_ids: Sequence[str]) -> None:
     """One scancel for all of them; ones that already ended are not an error."""
     if isinstance(job_ids, str):  # one id is a Sequence[str] too: never scancel its digits
-        job_ids = [job_ids]
+        raise TypeError(f"scancel takes a list of job ids, not {job_ids!r}")
     if job_ids:
         run_slurm(["scancel", *job_ids], check=False)
 

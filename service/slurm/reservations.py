@@ -10,9 +10,9 @@ Two kinds, both owned by runyard and named with the service's job prefix:
 
 from __future__ import annotations
 
-import getpass
+from collections.abc import Sequence
 
-from service.slurm.commands import SlurmError, parse_key_values, run_slurm
+from service.slurm.client import SlurmClient
 
 
 def spare_reservation(prefix: str) -> str:
@@ -23,21 +23,9 @@ def run_reservation(prefix: str, run_id: int) -> str:
     return f"{prefix}-run{run_id}"
 
 
-def list_reservations() -> dict[str, list[str]]:
-    """Reservation name -> its nodes (expanded)."""
-    out = run_slurm(["scontrol", "show", "reservation", "-o"], check=False)
-    found: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        fields = parse_key_values(line)
-        if "ReservationName" in fields:
-            nodes = fields.get("Nodes", "")
-            found[fields["ReservationName"]] = (
-                run_slurm(["scontrol", "show", "hostnames", nodes]).split() if nodes else []
-            )
-    return found
-
-
-def ensure_reservation(name: str, nodes: list[str], current: dict[str, list[str]]) -> None:
+def ensure_reservation(
+    slurm: SlurmClient, name: str, nodes: Sequence[str], current: dict[str, list[str]]
+) -> None:
     """Make reservation `name` hold exactly `nodes` (create, update or delete); idempotent.
 
     `current` is the tick's snapshot; it is kept up to date here, so a later step of the
@@ -45,37 +33,18 @@ def ensure_reservation(name: str, nodes: list[str], current: dict[str, list[str]
     """
     have = current.get(name)
     if not nodes:
-        delete_reservation(name, current)
+        delete_reservation(slurm, name, current)
         return
     if have is not None and sorted(have) == sorted(nodes):
         return
-    node_arg = f"nodes={','.join(sorted(nodes))}"
     if have is None:
-        # IGNORE_JOBS: a node may still finish a job of ours; MAINT: reservations may overlap
-        # while a spare moves from the pool into a run.
-        try:
-            run_slurm(
-                [
-                    "scontrol",
-                    "create",
-                    f"reservation={name}",
-                    node_arg,
-                    "starttime=now",
-                    "duration=infinite",
-                    f"users={getpass.getuser()}",
-                    "flags=ignore_jobs,maint",
-                ]
-            )
-        except SlurmError as exc:
-            if "Duplicate reservation name" not in str(exc):
-                raise
-            run_slurm(["scontrol", "update", f"reservation={name}", node_arg])
+        slurm.create_reservation(name, nodes)
     else:
-        run_slurm(["scontrol", "update", f"reservation={name}", node_arg])
+        slurm.update_reservation(name, nodes)
     current[name] = list(nodes)
 
 
-def delete_reservation(name: str, current: dict[str, list[str]]) -> None:
+def delete_reservation(slurm: SlurmClient, name: str, current: dict[str, list[str]]) -> None:
     """Delete it whether or not the snapshot knew of it (it may be newer than the snapshot)."""
-    run_slurm(["scontrol", "delete", f"reservation={name}"], check=False)
+    slurm.delete_reservation(name)
     current.pop(name, None)

@@ -194,7 +194,7 @@ def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
     mints no token (minting would revoke the ones the tasks already run on)."""
     from service.config import get_settings
     from service.reconcile import sweeps as reconcile_sweeps
-    from service.reconcile.attempts import mint_worker_token
+    from service.reconcile.submission import mint_worker_token
     from service.slurm.submit import submit_array, write_token_file
 
     client, conf = service.client(), str(slurm_cluster.slurm_conf)

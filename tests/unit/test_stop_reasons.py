@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from contract import StopReason
 from service.models import Attempt, AttemptState, Run, RunState
-from service.reconcile.attempts import _apply, _Observed
+from service.reconcile.polling import Observed, apply_observation
 from service.reconcile.preemption import request_preemptions, request_stop
 from service.slurm.commands import JobStatus
 from service.workers.endpoints import report_progress
@@ -87,7 +87,7 @@ def test_only_a_preemption_names_the_run_it_stopped_for(db_session: Session) -> 
 def _observe(session: Session, attempt: Attempt, state: str, exit_code: int | None = None) -> None:
     """What one reconcile pass does with the job's state as squeue/scontrol report it."""
     status = JobStatus("100", state, "gpu[001-002]", "", exit_code)
-    _apply(session, _Observed(attempt.id, status, list(NODES)))
+    apply_observation(session, Observed(attempt.id, status, list(NODES)), "runyard-test")
 
 
 def test_do_not_retry_is_its_own_column_and_fails_the_run_once_the_job_ends(

@@ -1,0 +1,72 @@
+"""Cancellation: stop the Slurm jobs of CANCELLING runs, then mark the runs CANCELLED.
+
+The user's cancel only marks the run CANCELLING (runs/service.py); the jobs are scancelled
+here, outside any transaction. An attempt recorded SUBMITTING without a job id may have been
+sbatched by a service that died: its job is found by its unique name. A sweep task waits for
+its array's job id (reconcile/sweeps.py) so it cannot be forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from contract import StopReason
+from service.config import Settings
+from service.db import session_scope
+from service.models import AttemptState, RunState, Sweep
+from service.recovery.restart import set_stop_reason
+from service.runs import repository
+from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.slurm.client import SlurmClient, SlurmError
+
+log = logging.getLogger(__name__)
+
+
+def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
+    """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
+    targets: dict[int, list[str]] = {}
+    unnamed: dict[int, list[str]] = {}  # run -> names of jobs maybe queued before a crash
+    with session_scope() as session:
+        for r in repository.runs_in_states(session, [RunState.CANCELLING]):
+            live = [a for a in r.attempts if not a.state.is_terminal]
+            targets[r.id] = [a.slurm_job_id for a in live if a.slurm_job_id]
+            for a in live:
+                if a.slurm_job_id is not None or a.state != AttemptState.SUBMITTING:
+                    continue
+                sweep = session.get(Sweep, r.sweep_id) if r.sweep_id else None
+                if sweep is None or a.id not in sweep.array_attempt_ids:
+                    unnamed.setdefault(r.id, []).append(a.job_name)
+                elif sweep.submitted_at is None:
+                    # Its task's job id comes with the array (sweeps.py); until then the
+                    # run stays CANCELLING, so the task cannot be forgotten.
+                    del targets[r.id]
+                    break
+    if unnamed:
+        try:
+            queued = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
+        except SlurmError as exc:
+            log.warning("cannot list the queued jobs, cancelling next pass: %s", exc)
+            queued = None
+        for run_id, names in unnamed.items():
+            if queued is None:
+                targets.pop(run_id, None)
+            elif run_id in targets:
+                targets[run_id] += [queued[n] for n in names if n in queued]
+    job_ids = [job for jobs in targets.values() for job in jobs]
+    if job_ids:
+        slurm.cancel(job_ids)
+    still_live = slurm.queue(job_ids) if job_ids else {}
+    for run_id, jobs in targets.items():
+        if any(job in still_live and still_live[job].is_live for job in jobs):
+            continue
+        with session_scope() as session:
+            run = repository.get_run(session, run_id, for_update=True)
+            if run is None or run.state != RunState.CANCELLING:
+                continue
+            for attempt in run.attempts:
+                if not attempt.state.is_terminal:
+                    set_stop_reason(attempt, StopReason.CANCELLED)
+                    set_attempt_state(
+                        session, run, attempt, AttemptState.CANCELLED, "cancelled by the user"
+                    )
+            set_run_state(session, run, RunState.CANCELLED, "cancelled by the user")

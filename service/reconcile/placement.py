@@ -1,0 +1,154 @@
+"""Placement: which free, healthy nodes a PENDING run gets (fewest leaf switches, the
+switches it already sits on first), what it does when there are none (shrink to min_nodes or
+wait), and giving an ended run's nodes back.
+
+A placed run holds its nodes through its own Slurm reservation (slurm/reservations.py) from
+here until it ends, across attempts, so a healthy node is not lost while a failed one is
+replaced. Where a failed node's run gets a spare: recovery/move_to_spare.py.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.db import session_scope
+from service.errors import InvalidSpec
+from service.models import Node, NodeState, Run, RunState
+from service.runs import repository
+from service.runs.lifecycle import record_event
+from service.runs.schemas import RunSpec
+from service.runs.service import resolve, stored_plan
+from service.slurm.client import SlurmClient
+from service.slurm.placement import choose_nodes, placement_cost
+from service.slurm.reservations import delete_reservation, run_reservation
+from service.slurm.snapshot import ClusterSnapshot
+
+
+def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
+    """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
+    with session_scope() as session:
+        runs = [
+            r
+            for r in repository.runs_in_states(session, [RunState.PENDING])
+            if repository.needs_placement(r)
+        ]
+        # Higher priority first; within a class, first come first served.
+        runs.sort(key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
+        if not runs:
+            return
+        nodes = {n.name: n for n in session.query(Node).all()}
+        taken: set[str] = set()
+        for run in runs:
+            run = repository.get_run(session, run.id, for_update=True) or run
+            need = run.num_nodes - len(run.nodes)
+            kept_switches = {nodes[n].switch for n in run.nodes if n in nodes}
+            free = [
+                (n.name, n.switch)
+                for n in nodes.values()
+                if n.state == NodeState.HEALTHY
+                and snapshot.is_free(n.name)
+                and n.name not in taken
+                and n.name not in run.nodes
+            ]
+            # Prefer free nodes on the switches the run already sits on.
+            near = [f for f in free if f[1] in kept_switches]
+            chosen = choose_nodes(near, need) if len(near) >= need else choose_nodes(free, need)
+            if chosen is None:
+                shrink_or_wait(session, run, need, len(free))
+                continue
+            taken.update(chosen)
+            hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
+
+
+def hold_nodes(
+    session: Session, run: Run, held: list[str], nodes: dict[str, Node], prefix: str
+) -> None:
+    """The run holds `held` from now on (through its own reservation); record the cost."""
+    run.nodes = held
+    run.reservation = run_reservation(prefix, run.id)
+    layout = run.config["layout"]
+    cost = placement_cost(
+        run.nodes,
+        {n: nodes[n].switch for n in run.nodes if n in nodes},
+        ranks_per_node=run.gpus_per_node,
+        tp=layout["tp"],
+        cp=layout["cp"],
+        pp=layout["pp"],
+    )
+    run.config = {**run.config, "placement": {"nodes": run.nodes, **cost}}
+    record_event(
+        session,
+        run,
+        "run.placed",
+        f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} leaf switch(es), "
+        f"{cost['cross_switch_pipeline_edges']} cross-switch pipeline edge(s)",
+        data={
+            "nodes": run.nodes,
+            **cost,
+            "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
+        },
+    )
+
+
+def adopt_array_nodes(session: Session, run: Run, allocated: list[str], prefix: str) -> None:
+    """Slurm placed a sweep's array task: from here on the run holds those nodes like any
+    other run, so a failure is recovered onto a spare and retries keep the healthy nodes."""
+    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(allocated)))}
+    hold_nodes(session, run, list(allocated), nodes, prefix)
+
+
+def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
+    """No free node for what the run lacks: continue on fewer nodes if its min_nodes
+    allows it and the smaller layout resolves, else say what it waits for."""
+    if run.min_nodes and run.nodes and run.min_nodes <= len(run.nodes):
+        # The run allows fewer nodes and checkpoints reshard: continue on what is left.
+        spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
+        try:
+            _, resolved = resolve(spec)
+        except InvalidSpec as exc:
+            reason = f"cannot shrink to {len(run.nodes)} nodes ({exc.detail}); waiting"
+        else:
+            old, layout = run.num_nodes, resolved.layout
+            run.num_nodes = len(run.nodes)
+            run.config = {
+                **run.config,
+                "layout": layout.model_dump(mode="json"),
+                "plan": stored_plan(resolved),
+            }
+            record_event(
+                session,
+                run,
+                "run.shrunk",
+                f"no node to replace a failed one: continuing on {run.num_nodes} "
+                f"nodes instead of {old} (min_nodes {run.min_nodes}), "
+                f"dp {layout.dp}",
+                data={"layout": run.config["layout"]},
+            )
+            return
+    else:
+        reason = f"waiting for {need} free healthy node(s); {free} free now"
+    if run.state_reason != reason:
+        run.state_reason = reason
+        record_event(session, run, "run.waiting", reason)
+
+
+def release_ended_runs(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
+    """Delete the reservation of every run that ended, giving its nodes back."""
+    with session_scope() as session:
+        ended = [
+            (r.id, r.reservation)
+            for r in repository.runs_in_states(
+                session, [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED]
+            )
+            if r.reservation
+        ]
+    for run_id, name in ended:
+        assert name is not None
+        delete_reservation(slurm, name, snapshot.reservations)
+        with session_scope() as session:
+            run = repository.get_run(session, run_id, for_update=True)
+            if run is not None:
+                run.reservation = None
+                record_event(session, run, "run.released", f"nodes released ({name})")

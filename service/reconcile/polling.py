@@ -1,0 +1,86 @@
+"""Polling: follow every queued or running attempt's Slurm job, once per tick, in a
+bounded number of Slurm calls whatever the number of jobs.
+
+A job that starts moves its attempt (and run) to RUNNING; a sweep's array task hands its
+run the nodes Slurm chose; a job that left the queue goes to the verdict (verdict.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.db import session_scope
+from service.models import AttemptState, RunState
+from service.reconcile.placement import adopt_array_nodes
+from service.reconcile.verdict import judge_ended_attempt
+from service.recovery import timeline
+from service.runs import repository
+from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.slurm.client import JobStatus, SlurmClient
+from service.slurm.hostlist import expand_hostlist
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What Slurm says of one watched attempt's job this tick."""
+
+    attempt_id: int
+    status: JobStatus | None  # None: slurmctld forgot the job
+    nodes: list[str]
+
+
+def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
+    """Read every queued or running attempt's job and act on changes: one squeue for
+    all of them, one `scontrol show job` for those that left the queue."""
+    with session_scope() as session:
+        watched = [
+            (a.id, a.slurm_job_id)
+            for run in repository.runs_in_states(session, [RunState.PENDING, RunState.RUNNING])
+            for a in run.attempts
+            if a.state in (AttemptState.PENDING, AttemptState.RUNNING) and a.slurm_job_id
+        ]
+    if not watched:
+        return
+    job_ids = [job for _, job in watched if job]
+    live = slurm.queue(job_ids)
+    gone = [job for job in job_ids if job not in live]
+    ended = slurm.job_details(gone) if gone else {}
+    observed = []
+    for attempt_id, job in watched:
+        assert job is not None
+        status = live.get(job) or ended.get(job)
+        nodes = expand_hostlist(status.node_list) if status and status.node_list else []
+        observed.append(Observed(attempt_id, status, nodes))
+    for obs in observed:
+        with session_scope() as session:
+            apply_observation(session, obs, settings.slurm_job_prefix)
+
+
+def apply_observation(session: Session, obs: Observed, prefix: str) -> None:
+    """Follow the job: its nodes once allocated, RUNNING once Slurm runs it, and the
+    end-of-job verdict once it left the queue."""
+    locked = repository.lock_run_and_attempt(session, obs.attempt_id)
+    if locked is None or locked[1].state.is_terminal:
+        return
+    run, attempt = locked
+    assert run is not None
+    if run.state not in (RunState.PENDING, RunState.RUNNING):
+        return  # cancel owns it now
+    status = obs.status
+    if status is not None and obs.nodes:
+        attempt.node_list, attempt.nodes = status.node_list, obs.nodes
+        if run.sweep_id is not None and not run.nodes:
+            adopt_array_nodes(session, run, obs.nodes, prefix)
+    if status is not None and status.is_live:
+        if status.state == "RUNNING" and attempt.state == AttemptState.PENDING:
+            set_attempt_state(session, run, attempt, AttemptState.RUNNING, f"on {status.node_list}")
+            timeline.attempt_running(session, run.id)
+        if status.state == "RUNNING" and run.state == RunState.PENDING:
+            set_run_state(
+                session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt
+            )
+        return
+    judge_ended_attempt(session, run, attempt, status)

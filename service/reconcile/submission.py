@@ -1,0 +1,172 @@
+"""Submission: a new attempt for every placed PENDING run, and its sbatch.
+
+The attempt is recorded (SUBMITTING, with its unique job name) before sbatch, so a service
+that dies in between finds the job by name next time (adoption) instead of queueing it
+twice; a worker token is minted only for a fresh submission.
+
+dstack's rule holds throughout the reconciler: no Slurm call while a database transaction
+is open. Each step reads what to do in one short transaction, talks to Slurm, then writes
+the outcome in another, re-reading rows under lock because they may have moved meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract import StopReason
+from service.auth.service import create_token
+from service.config import Settings
+from service.db import session_scope
+from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
+from service.models.base import utcnow
+from service.recovery import timeline
+from service.recovery.restart import set_stop_reason
+from service.runs import repository
+from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.schemas import RunSpec
+from service.runs.service import run_folder
+from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.reservations import ensure_reservation
+from service.slurm.snapshot import ClusterSnapshot
+from service.slurm.submit import AttemptRequest, job_name, write_token_file
+
+log = logging.getLogger(__name__)
+# Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.
+NICE_BY_PRIORITY = {"prod": 0, "research": 100, "scavenger": 1000}
+
+
+def attempt_request(run: Run, attempt: Attempt) -> AttemptRequest:
+    """What Slurm must give this attempt: the run's nodes, in its own reservation."""
+    spec = RunSpec.model_validate(run.spec)
+    return AttemptRequest(
+        run_id=run.id,
+        attempt_id=attempt.id,
+        job_name=attempt.job_name,
+        job_folder=Path(attempt.job_folder),
+        num_nodes=len(run.nodes),
+        ranks_per_node=run.gpus_per_node,
+        time_limit_min=spec.time_limit_min,
+        nodelist=",".join(run.nodes),
+        reservation=run.reservation,
+        nice=NICE_BY_PRIORITY.get(run.priority, 0),
+    )
+
+
+def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
+    """Give every placed PENDING run without a live attempt a new one, and submit it."""
+    todo: list[AttemptRequest] = []
+    with session_scope() as session:
+        for run in repository.runs_in_states(session, [RunState.PENDING]):
+            if len(run.nodes) < run.num_nodes:
+                continue
+            attempt = repository.live_attempt(run)
+            if attempt is None:
+                attempt = new_attempt(session, run, settings)
+            if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
+                todo.append(attempt_request(run, attempt))
+    if not todo:
+        return
+    # A service that died between recording SUBMITTING and storing the job id may already
+    # have submitted: find such jobs by their unique name instead of submitting twice.
+    try:
+        orphans = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
+    except SlurmError as exc:
+        log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
+        return  # submitting blind could queue an attempt twice
+    for req in todo:
+        try:
+            if req.reservation:
+                ensure_reservation(
+                    slurm, req.reservation, req.nodelist.split(","), snapshot.reservations
+                )
+            job_id = orphans.get(req.job_name)
+            if job_id is None:
+                # Minted only for a fresh submission: an adopted job already runs on the
+                # token written before the crash, and minting revokes it.
+                write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
+                job_id = slurm.submit(req)
+        except SlurmError as exc:
+            _submission_failed(req, str(exc))
+            continue
+        with session_scope() as session:
+            locked = repository.lock_run_and_attempt(session, req.attempt_id)
+            if locked is None or locked[1].state != AttemptState.SUBMITTING:
+                continue
+            owner, attempt = locked
+            attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
+            set_attempt_state(
+                session,
+                owner,
+                attempt,
+                AttemptState.PENDING,
+                f"Slurm job {job_id} queued on {req.nodelist}",
+            )
+            timeline.attempt_submitted(session, owner.id)
+        log.info("submitted %s as Slurm job %s", req.job_name, job_id)
+
+
+def mint_worker_token(run_id: int, attempt_id: int) -> str:
+    """A token valid for this attempt only; it dies with the attempt (see auth/deps.py).
+    Earlier ones for the same attempt (a submission retried after a crash) are revoked."""
+    with session_scope() as session:
+        run = repository.get_run(session, run_id)
+        assert run is not None
+        for old in session.scalars(
+            select(ApiToken).where(ApiToken.attempt_id == attempt_id, ApiToken.revoked_at.is_(None))
+        ):
+            old.revoked_at = utcnow()
+        _, secret = create_token(
+            session,
+            user=run.owner or "runyard",
+            team=run.team or "runyard",
+            role=Role.WORKER,
+            run_id=run.id,
+            attempt_id=attempt_id,
+        )
+    return secret
+
+
+def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
+    """The run's next attempt, SUBMITTING on the run's nodes, resuming from its newest
+    committed checkpoint; its job name is unique, so a crash mid-submit can find it."""
+    number = len(run.attempts) + 1
+    newest = repository.newest_committed_checkpoint(session, run.id)
+    attempt = Attempt(
+        run_id=run.id,
+        number=number,
+        state=AttemptState.SUBMITTING,
+        job_name="",
+        job_folder="",
+        nodes=list(run.nodes),
+        resume_step=newest.step if newest else None,
+    )
+    session.add(attempt)
+    session.flush()
+    attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
+    attempt.job_folder = str(settings.jobs_dir / run_folder(run) / f"attempt-{number:03d}")
+    resume = f"resuming from step {newest.step}" if newest else "starting from scratch"
+    record_event(
+        session,
+        run,
+        "attempt.submitting",
+        f"attempt {number}: submitting, {resume}",
+        attempt,
+        {"resume_step": attempt.resume_step, "nodes": run.nodes},
+    )
+    session.flush()
+    return attempt
+
+
+def _submission_failed(req: AttemptRequest, reason: str) -> None:
+    with session_scope() as session:
+        locked = repository.lock_run_and_attempt(session, req.attempt_id)
+        if locked is None or locked[1].state.is_terminal:
+            return
+        run, attempt = locked
+        set_stop_reason(attempt, StopReason.SUBMISSION_FAILED)
+        set_attempt_state(session, run, attempt, AttemptState.FAILED, reason)
+        set_run_state(session, run, RunState.FAILED, f"submission failed: {reason}", attempt)

@@ -1,0 +1,117 @@
+"""A failed node: drain it, and move each run on it to a hot spare.
+
+The spare comes from the pool (recovery/spares.py), on a leaf switch the run already uses
+first (slurm/placement.choose_replacement), so the replacement keeps the run's network
+locality. With no spare left, the run keeps its healthy nodes and waits: placement
+(reconcile/placement.py) then gives it a free node, or shrinks it to min_nodes.
+A node failure never counts against the run's max_restarts (recovery/restart.py).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract import StopReason
+from service.db import session_scope
+from service.models import Incident, IncidentState, NodeState, Run, RunState
+from service.models.base import utcnow
+from service.nodes import repository as nodes_repo
+from service.nodes.lifecycle import node_event, set_node_state
+from service.observability import metrics
+from service.recovery.restart import end_attempt_and_restart
+from service.recovery.spares import spare_nodes
+from service.runs import repository as runs_repo
+from service.runs.lifecycle import record_event
+from service.slurm.client import SlurmClient
+from service.slurm.placement import choose_replacement
+
+RUNS_TO_MOVE = (RunState.PENDING, RunState.RUNNING)
+
+
+def drain_and_move(
+    slurm: SlurmClient, incident_id: int, node: str, *, drained: bool, message: str
+) -> None:
+    """Drain the failed node in Slurm, then end the attempts of the runs on it and give
+    each a spare; their old jobs are scancelled last. Each phase is committed before the
+    next Slurm call and skipped when a previous pass already did it."""
+    if not drained:
+        slurm.drain(node, message)
+        with session_scope() as session:
+            incident = session.get(Incident, incident_id, with_for_update=True)
+            bad = nodes_repo.get_node(session, node, for_update=True)
+            assert incident is not None
+            incident.drained_at = utcnow()
+            metrics.observe_incident(incident, "drain")
+            if bad is not None and bad.state != NodeState.DRAINED:
+                if bad.state != NodeState.DRAINING:
+                    set_node_state(session, bad, NodeState.DRAINING, message)
+                set_node_state(session, bad, NodeState.DRAINED, message)
+    jobs = []
+    with session_scope() as session:
+        # Runs first, then the incident: the lock order of every other writer (the workers'
+        # reports lock a run, then its attempt, then the incidents that moved it).
+        runs = session.scalars(
+            select(Run)
+            .where(Run.state.in_(RUNS_TO_MOVE))
+            .where(Run.nodes.contains([node]))
+            .order_by(Run.id)
+            .with_for_update()
+        ).all()
+        incident = session.get(Incident, incident_id, with_for_update=True)
+        assert incident is not None
+        for run in runs:
+            jobs += move_run_to_spare(session, run, incident, node)
+        incident.attempt_ended_at = utcnow()
+        metrics.observe_incident(incident, "stop")
+        if not runs:
+            incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
+    if jobs:
+        slurm.cancel(jobs)
+
+
+def move_run_to_spare(session: Session, run: Run, incident: Incident, bad: str) -> list[str]:
+    """End the run's attempt and swap the bad node for a spare (same leaf switch first)."""
+    run = runs_repo.get_run(session, run.id) or run
+    incident.run_id = incident.run_id or run.id
+    attempt = runs_repo.live_attempt(run)
+    jobs = [attempt.slurm_job_id] if attempt and attempt.slurm_job_id else []
+    if attempt is not None:
+        incident.attempt_id = attempt.id
+        end_attempt_and_restart(
+            session,
+            run,
+            attempt,
+            f"node {bad} failed: {incident.signal}",
+            cause=StopReason.NODE_FAILURE,
+        )
+    remaining = [n for n in run.nodes if n != bad]
+    nodes = {n.name: n for n in (nodes_repo.get_node(session, x) for x in remaining) if n}
+    switches = {n.switch for n in nodes.values()}
+    spares = spare_nodes(session, for_update=True)
+    pick = choose_replacement([(s.name, s.switch) for s in spares], switches)
+    if pick is not None:
+        spare = next(s for s in spares if s.name == pick)
+        set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
+        node_event(session, spare, "spare.assigned", f"replaces {bad} in run {run.id}")
+        run.nodes = [pick if n == bad else n for n in run.nodes]
+        incident.spare_node = pick
+        record_event(
+            session,
+            run,
+            "recovery.spare_assigned",
+            f"{bad} drained ({incident.signal}); spare {pick} takes its place",
+            data={"incident": incident.id, "failed": bad, "spare": pick},
+        )
+    else:
+        run.nodes = remaining
+        incident.state = IncidentState.WAITING
+        record_event(
+            session,
+            run,
+            "recovery.no_spare",
+            f"{bad} drained ({incident.signal}); no spare left: waiting for a free "
+            "healthy node" + (f" or shrinking to {run.min_nodes}" if run.min_nodes else ""),
+            data={"incident": incident.id, "failed": bad},
+        )
+    return jobs

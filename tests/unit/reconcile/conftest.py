@@ -1,0 +1,191 @@
+"""The reconciler against the real, migrated Postgres and an in-memory Slurm.
+
+Every decision runs as in the service: `Reconciler.tick()` opens its own sessions and
+commits them. Here those sessions share one connection whose outer transaction is rolled
+back after the test (each commit releases a savepoint), so tests leave nothing behind for
+the integration tests that use the same database later. Only Slurm is fake
+(service/slurm/fake.py); what the workers and agents report goes through the service's own
+functions, as their HTTP endpoints call them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+import service.db
+from service.config import Settings
+from service.db import session_scope
+from service.models import Attempt, Incident, Node, Run, RunEvent
+from service.reconcile.loop import Reconciler
+from service.recovery import spares
+from service.recovery.classification import Classifier
+from service.recovery.signals import SignalIn, ingest_node_events
+from service.runs import repository
+from service.runs.schemas import RunSpec
+from service.runs.service import create_run
+from service.slurm.fake import FakeSlurm
+from service.workers import service as workers
+from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
+
+PREFIX = "runyard-unit"  # the Slurm job prefix; the fake cluster's nodes are unit001, ...
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+
+
+@pytest.fixture
+def db(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionmaker[Session]]:
+    """session_scope() on one connection whose transaction the test never commits."""
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        outer = conn.begin()
+        factory = sessionmaker(
+            bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
+        )
+        monkeypatch.setattr(service.db, "_session_factory", lambda: factory)
+        try:
+            yield factory
+        finally:
+            outer.rollback()
+    engine.dispose()
+
+
+class Cluster:
+    """A fake Slurm cluster, the reconciler that drives it, and the reports of the workers
+    and agents that would run on it."""
+
+    def __init__(self, settings: Settings, slurm: FakeSlurm) -> None:
+        self.settings, self.slurm = settings, slurm
+        self.reconciler = Reconciler(settings, slurm)
+
+    def tick(self, times: int = 1) -> None:
+        for _ in range(times):
+            self.reconciler.tick()
+
+    def cycle(self) -> None:
+        """A tick, Slurm starting what fits, and a tick that sees it."""
+        self.tick()
+        self.slurm.schedule()
+        self.tick()
+
+    # --- state, read fresh --------------------------------------------------------------
+
+    def run(self, run_id: int) -> Run:
+        with session_scope() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            return run
+
+    def attempts(self, run_id: int) -> list[Attempt]:
+        return sorted(self.run(run_id).attempts, key=lambda a: a.number)
+
+    def live_job(self, run_id: int) -> str:
+        attempt = repository.live_attempt(self.run(run_id))
+        assert attempt is not None and attempt.slurm_job_id is not None
+        return attempt.slurm_job_id
+
+    def events(self, run_id: int) -> list[str]:
+        with session_scope() as session:
+            return list(
+                session.scalars(
+                    select(RunEvent.kind).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+                )
+            )
+
+    def node(self, name: str) -> Node:
+        with session_scope() as session:
+            node = session.get(Node, name)
+            assert node is not None
+            return node
+
+    def incidents(self, node: str) -> list[Incident]:
+        with session_scope() as session:
+            return list(session.scalars(select(Incident).where(Incident.node_name == node)))
+
+    # --- what users, admins, agents and workers do --------------------------------------
+
+    def submit_run(self, name: str, **spec: Any) -> int:
+        fields: dict[str, Any] = {
+            "name": name,
+            "model": "tiny",
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "seq_len": 128,
+            "global_batch": 8,
+            "steps": 100,
+            "checkpoint_every": 20,
+            "max_restarts": 2,
+            **spec,
+        }
+        with session_scope() as session:
+            return create_run(session, RunSpec.model_validate(fields), self.settings).id
+
+    def set_spares(self, size: int) -> None:
+        with session_scope() as session:
+            spares.set_target(session, size)
+
+    def xid(self, node: str, code: int = 79) -> None:
+        """The node's health agent reports an Xid, as POST /v1/nodes/{node}/events does."""
+        event = SignalIn(f"{node}-xid-{code}", "xid", code, XID_79, None, {})
+        with session_scope() as session:
+            ingest_node_events(session, node, [event], self.settings, Classifier())
+
+    def train(self, run_id: int, step: int, *, committed: bool = True) -> None:
+        """Rank 0 reports progress up to `step` and a checkpoint there."""
+        attempt_id = repository.live_attempt(self.run(run_id)).id  # type: ignore[union-attr]
+        with session_scope() as session:
+            workers.record_progress(
+                session,
+                attempt_id,
+                ProgressReport(rank=0, metrics=[{"step": step, "loss": 1.0, "step_time_s": 0.1}]),
+            )
+            state = "COMMITTED" if committed else "WRITING"
+            report = CheckpointReport(step=step, path=f"/ckpt/{step}", state=state)
+            workers.record_checkpoint(session, attempt_id, report)
+
+    def finish_training(self, run_id: int) -> None:
+        """The worker trains every step, commits the final checkpoint and reports it."""
+        total = self.run(run_id).total_steps
+        self.train(run_id, total)
+        attempt_id = repository.live_attempt(self.run(run_id)).id  # type: ignore[union-attr]
+        with session_scope() as session:
+            workers.record_finish(session, attempt_id, FinishReport(final_step=total))
+
+    def worker_error(self, run_id: int, kind: str) -> None:
+        attempt_id = repository.live_attempt(self.run(run_id)).id  # type: ignore[union-attr]
+        with session_scope() as session:
+            workers.record_error(session, attempt_id, ErrorReport(rank=0, kind=kind))
+
+    def age_attempt(self, run_id: int, **stamps: datetime) -> None:
+        """Move an attempt's timestamps back: what waiting that long would have left."""
+        with session_scope() as session:
+            run = repository.get_run(session, run_id)
+            attempt = repository.live_attempt(run) if run else None
+            assert attempt is not None
+            for name, value in stamps.items():
+                setattr(attempt, name, value)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        state_dir=tmp_path,
+        job_prefix=PREFIX,
+        accelerator="cpu",
+        run_reconciler=False,
+    )
+
+
+@pytest.fixture
+def cluster(db: sessionmaker[Session], settings: Settings) -> Cluster:
+    """Two leaf switches of three single-GPU nodes: unit001-003 on leaf1, unit004-006 on
+    leaf2; no spares until a test asks for them."""
+    slurm = FakeSlurm.cluster(num_switches=2, nodes_per_switch=3, num_gpus=1, prefix="unit")
+    cluster = Cluster(settings, slurm)
+    cluster.set_spares(0)
+    return cluster
