@@ -7,13 +7,15 @@ The model, and the few efficiency assumptions it rests on:
   HBM_EFFICIENCY of memory bandwidth; so thin matrices (large tp, small micro batches)
   lose speed the way they do on the device. Backward is two GEMMs of the same size.
 - FSDP copies gathered weights out and gradients in, through HBM, every micro batch.
-- Fused causal attention runs at `attention_efficiency` of BF16 peak; its backward does
-  2.5x the forward's FLOPs (five matrix products against two, Dao 2023).
+- Fused causal attention runs at FlashAttention-2's published speed for its key count
+  and head width, forward and backward apart (`attention.py`).
 - Norms, residual adds, rotary, the MLP activation, FP8 casts and the loss are memory
   bound: bytes moved / (HBM_EFFICIENCY x bandwidth).
 - Tensor-parallel collectives (sequence parallel: two all-gathers and two reduce-scatters
   per layer each way) are not overlapped, as in Megatron-LM's default.
-- Context-parallel ring transfers hide behind the attention they feed.
+- Context-parallel ring transfers hide behind the attention they feed when the link keeps
+  up; merging each ring step's partial output is memory bound (`attention.py`).
+- Every kernel pays a launch gap, and the host must keep up (`overheads.py`).
 - Data-parallel / FSDP collectives hide behind the compute of the window they can overlap
   (see `_data_parallel_s`), and slow that compute by OVERLAP_SLOWDOWN of their length,
   since NCCL kernels take SMs and HBM bandwidth from the GEMMs they run beside.
@@ -27,24 +29,25 @@ from functools import lru_cache
 
 from contract import ModelShape
 
+from .attention import attention_time
 from .collectives import Fabric
 from .hardware import HBM_EFFICIENCY, Hardware
 from .layout import Layout
 from .memory import stage_params
+from .overheads import layer_kernels, with_launch_costs
 from .transformer import (
-    attention_forward_flops,
     elementwise_bytes_per_token,
     fp8_cast_bytes_per_token,
-    kv_dim,
     layer_gemm_shapes,
 )
 
 # cuBLAS/CUTLASS's large-GEMM tile on Ampere and Hopper is 128 x 256 outputs per SM.
 TILE_M, TILE_N = 128, 256
 # A tile's prologue (filling the load pipeline) and epilogue (writing 64 KB of BF16
-# output) cost about as much as four 64-deep steps of its main loop.
+# output) cost about as much as four 64-deep steps of its BF16 main loop. They take the
+# same time whatever the inputs' precision, so against FP8's twice-as-fast main loop they
+# are worth twice the reduction depth (see `_gemm_s`).
 TILE_FIXED_K = 256
-ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward
 ELEMENTWISE_BACKWARD_RATIO = 2.0  # backward reads the saved input and the gradient, writes one
 OVERLAP_SLOWDOWN = 0.1  # share of an overlapped collective's time that still slows compute
 # Adam's update streams the FP32 master weight, m and v in and out (24 bytes), reads the
@@ -89,6 +92,12 @@ class LayerTime:
     backward_s: float  # compute only, including any recomputed forward
     tp_comm_s: float
     cp_comm_s: float
+    # forward_s + backward_s by cause, for `runyard plan --explain`
+    gemm_s: float
+    attention_s: float
+    memory_bound_s: float  # norms, residuals, rotary, activation, FP8 casts
+    recompute_s: float
+    launch_s: float  # per-kernel gaps, or the host when it is slower than the GPU
 
     @property
     def total_s(self) -> float:
@@ -102,12 +111,14 @@ def _gemm_s(m: int, k: int, n: int, hardware: Hardware, precision: str) -> float
     last wave of tiles (on average half a wave, as tile counts fall at random against the
     SM count), and for each tile's fixed prologue and epilogue, worth TILE_FIXED_K of
     reduction depth (NVIDIA, Matrix Multiplication Background User's Guide: tile and wave
-    quantization). The memory side is the roofline of the operand bytes.
+    quantization). The fixed part is a time, so it is worth more depth when the main loop
+    runs faster (FP8). The memory side is the roofline of the operand bytes.
     """
     operand_bytes = 1 if precision == "fp8" else 2
     tiles_m, tiles_n = -(-m // TILE_M), -(-n // TILE_N)
     waves = tiles_m * tiles_n / hardware.num_sms
-    padded_flops = 2.0 * tiles_m * TILE_M * tiles_n * TILE_N * (k + TILE_FIXED_K)
+    fixed_k = TILE_FIXED_K * hardware.peak_flops(precision) / hardware.peak_bf16_flops
+    padded_flops = 2.0 * tiles_m * TILE_M * tiles_n * TILE_N * (k + fixed_k)
     compute = padded_flops * (waves + 0.5) / waves
     compute /= hardware.gemm_efficiency * hardware.peak_flops(precision)
     moved = operand_bytes * (m * k + k * n) + 2.0 * m * n
@@ -131,38 +142,62 @@ def layer_time(
     gemms = sum(
         _gemm_s(m, k, n, hardware, precision) for m, k, n in layer_gemm_shapes(model, tokens, tp)
     )
-    attention = attention_forward_flops(model, tokens, seq_len, tp) / (
-        hardware.attention_efficiency * hardware.peak_bf16_flops
-    )
+    attention = attention_time(model, hardware, fabric, tp, cp, tokens, seq_len)
     elementwise = tokens / tp * elementwise_bytes_per_token(model) / hbm
     casts = tokens / tp * fp8_cast_bytes_per_token(model) / hbm if precision == "fp8" else 0.0
-    forward = gemms + attention + elementwise + casts / 2
+    memory_bound = (1 + ELEMENTWISE_BACKWARD_RATIO) * elementwise + casts
+    forward = gemms + attention.forward_s + elementwise + casts / 2
     backward = (
-        2 * gemms
-        + ATTENTION_BACKWARD_RATIO * attention
-        + ELEMENTWISE_BACKWARD_RATIO * elementwise
-        + casts / 2
+        2 * gemms + attention.backward_s + ELEMENTWISE_BACKWARD_RATIO * elementwise + casts / 2
     )
     # Sequence parallel: all-gather before QKV and MLP-up, reduce-scatter after the output
     # projection and MLP-down, each over the full local activation (tokens x hidden).
     activation = 2.0 * tokens * model.hidden
     tp_one_way = 4 * fabric.collective_s(activation, tp, 1, passes=1)
     tp_comm = 2 * tp_one_way
+    recomputed = 0.0
     if recompute == "full":
-        backward += forward
+        recomputed = forward
         tp_comm += tp_one_way
     elif recompute == "selective":
-        backward += tokens / tp * elementwise_bytes_per_token(model, recompute_only=True) / hbm
-    # Context parallel ring: cp - 1 K/V chunks forward; K/V in and dK/dV out backward.
-    kv_chunk = 2.0 * 2 * tokens * kv_dim(model) / tp
-    ring_forward = (cp - 1) * fabric.p2p_s(kv_chunk, tp) if cp > 1 else 0.0
-    cp_exposed = max(0.0, ring_forward - attention) + max(
-        0.0, 2 * ring_forward - ATTENTION_BACKWARD_RATIO * attention
+        recomputed = tokens / tp * elementwise_bytes_per_token(model, recompute_only=True) / hbm
+    backward += recomputed
+    kernels = layer_kernels(tp, cp, precision, recompute)
+    device = forward + backward
+    forward = with_launch_costs(forward, kernels.forward)
+    backward = with_launch_costs(backward, kernels.backward)
+    cp_comm = attention.cp_exposed_s + attention.cp_merge_s
+    return LayerTime(
+        forward,
+        backward,
+        tp_comm,
+        cp_comm,
+        gemm_s=3 * gemms,
+        attention_s=attention.forward_s + attention.backward_s,
+        memory_bound_s=memory_bound,
+        recompute_s=recomputed,
+        launch_s=forward + backward - device,
     )
-    return LayerTime(forward, backward, tp_comm, cp_exposed)
 
 
-def _logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int) -> float:
+def busiest_stage(
+    model: ModelShape, layout: Layout, layer: LayerTime, logits: float
+) -> tuple[float, float]:
+    """(layers, extra seconds of logits) the slowest pipeline stage runs per micro batch.
+
+    With several stages a balancer moves layers off the last one to make room for the
+    logits, but no stage can carry less than the average (Llama 3 paper, 3.3.2).
+    """
+    busiest = layout.stage_layers(model.layers)
+    average = model.layers / layout.pp
+    if layout.pp == 1:
+        return float(model.layers), logits
+    if busiest * layer.total_s >= average * layer.total_s + logits:
+        return float(busiest), 0.0
+    return average, logits
+
+
+def logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int) -> float:
     """Output projection forward and backward plus the cross-entropy passes over logits."""
     gemm = _gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, layout.precision)
     loss_bytes = 4.0 * 4 * tokens * model.vocab / layout.tp  # FP32, ~4 passes
@@ -226,18 +261,9 @@ def estimate_step(
         seq_len,
         layout.recompute,
     )
-    logits = _logits_s(model, hardware, layout, tokens)
+    logits = logits_s(model, hardware, layout, tokens)
     busiest = layout.stage_layers(model.layers)
-    average = model.layers / layout.pp
-    # With several stages a balancer moves layers off the last one to make room for the
-    # logits, but no stage can carry less than the average (Llama 3 paper, 3.3.2).
-    stage_layers: float
-    if layout.pp == 1:
-        stage_layers, stage_extra = float(model.layers), logits
-    elif busiest * layer.total_s >= average * layer.total_s + logits:
-        stage_layers, stage_extra = float(busiest), 0.0
-    else:
-        stage_layers, stage_extra = average, logits
+    stage_layers, stage_extra = busiest_stage(model, layout, layer, logits)
     compute_mb = stage_layers * (layer.forward_s + layer.backward_s) + stage_extra
     tp_mb = stage_layers * layer.tp_comm_s
     cp_mb = stage_layers * layer.cp_comm_s

@@ -1,0 +1,135 @@
+"""Fused causal attention on one rank: its speed as the sequence and head dimension grow,
+and what context parallelism adds around it.
+
+A FlashAttention-style kernel (FA2, cuDNN, FA3) walks tiles of the score matrix. Each
+query block (forward) or key block (backward) pays a fixed cost besides its main loop:
+loading its tile, rescaling and writing the output or the gradients, the log-sum-exp.
+Amortised over the keys a query meets, that makes the speed rise with sequence length
+and saturate: speed(n) = asymptote x n / (n + n_half), n = keys per query. Fitted to
+the published FlashAttention-2 curves on H100 SXM5 (Shah et al. 2024, FlashAttention-3,
+Figures 5 and 6, head dim 128, non-causal; FA2 is the kernel PyTorch's
+scaled_dot_product_attention runs on Hopper, which is what runyard's worker calls):
+
+    keys    512   1k    2k    4k    8k    16k
+    fwd     309   350   362   368   370   370  TFLOP/s   -> asymptote 372, n_half ~ 64
+    bwd     214   260   291   310   318   322  TFLOP/s   -> asymptote 326, n_half ~ 240
+
+A causal kernel also computes the diagonal tiles whole and masks half of each: with
+ATTENTION_BLOCK keys per tile and n tiles per row that wastes 1 / (n + 1) of the work.
+The softmax (exp, max, sum on the FP32 units) costs the same per score whatever the
+head dimension, while the matrix products grow with it, so a narrower head is slower:
+head_dim / (head_dim + HEAD_DIM_SOFTMAX_EQUIVALENT), normalised to 128 (the same curves
+give head dim 64 about 0.9 of head dim 128 backward); kernels tile widest heads no
+better than 128, so wider heads are charged as 128.
+
+Context parallel (Megatron-LM / Transformer Engine ring attention with the load-balanced
+2 x cp chunking, Liu et al. 2023 Ring Attention): each rank runs cp kernel calls per
+layer, each over about seq / cp keys; K and V travel round the ring forward, K, V, dK and
+dV backward, hidden behind the attention they feed when the link keeps up; after every
+step the partial output is merged into an FP32 accumulator with its log-sum-exp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contract import ModelShape
+
+from .collectives import Fabric
+from .hardware import HBM_EFFICIENCY, Hardware
+from .transformer import attention_forward_flops, kv_dim
+
+ATTENTION_BLOCK = 128  # keys per tile of FA2/cuDNN's causal kernels for head dim <= 128
+FORWARD_HALF_KEYS = 64.0  # keys per query at which the forward runs at half speed (above)
+BACKWARD_HALF_KEYS = 240.0  # the same for the backward (above)
+HEAD_DIM_SOFTMAX_EQUIVALENT = 14.0  # hd 64 at ~0.91 of hd 128 backward (FA3 paper, Fig. 6)
+REFERENCE_HEAD_DIM = 128
+ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
+# Merging one ring step's partial output: read it (BF16) and the running FP32 sum, write
+# the sum back, per element of the local output (TE's flash_attn_fwd_out_correction).
+CP_MERGE_BYTES_PER_ELEMENT = 2 + 4 + 4
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionTime:
+    """One layer's attention core on one rank, one micro batch."""
+
+    forward_s: float
+    backward_s: float
+    cp_exposed_s: float  # ring transfers not hidden behind the attention they feed
+    cp_merge_s: float  # merging partial outputs, forward and backward together
+
+
+def _saturation(keys: float, half: float) -> float:
+    return keys / (keys + half)
+
+
+def head_dim_factor(head_dim: int) -> float:
+    """Speed of a head of this width relative to a 128-wide one (1.0 at 128 and above)."""
+    d = min(head_dim, REFERENCE_HEAD_DIM)
+    eq = HEAD_DIM_SOFTMAX_EQUIVALENT
+    return (d / (d + eq)) / (REFERENCE_HEAD_DIM / (REFERENCE_HEAD_DIM + eq))
+
+
+def kernel_efficiency(
+    hardware: Hardware, keys_per_call: float, head_dim: int, causal: bool
+) -> tuple[float, float]:
+    """(forward, backward) fraction of BF16 peak for one kernel over `keys_per_call` keys.
+
+    Causal calls meet half their keys per query on average and waste the masked halves
+    of the diagonal tiles; non-causal calls (the off-diagonal ring steps) do neither.
+    """
+    keys = keys_per_call / 2 if causal else keys_per_call
+    width = head_dim_factor(head_dim)
+    diagonal = 1.0
+    if causal:
+        tiles = max(1.0, keys_per_call / ATTENTION_BLOCK)
+        diagonal = tiles / (tiles + 1)
+    forward = hardware.attention_forward_efficiency * _saturation(keys, FORWARD_HALF_KEYS)
+    backward = hardware.attention_backward_efficiency * _saturation(keys, BACKWARD_HALF_KEYS)
+    return forward * width * diagonal, backward * width * diagonal
+
+
+def attention_time(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    tp: int,
+    cp: int,
+    tokens: int,
+    seq_len: int,
+) -> AttentionTime:
+    """Attention for `tokens` local queries (micro batch x seq / cp) of a layer on one rank.
+
+    Without cp one causal call covers the sequence. With cp the rank's FLOPs split into
+    one causal call over its own seq / cp keys and cp - 1 non-causal calls over half as
+    many (the load-balanced chunks), all at the speed of their own key counts.
+    """
+    flops = attention_forward_flops(model, tokens, seq_len, tp)
+    peak = hardware.peak_bf16_flops
+    local_keys = seq_len / cp
+    fwd_eff, bwd_eff = kernel_efficiency(hardware, local_keys, model.head_dim, causal=True)
+    if cp == 1:
+        forward = flops / (fwd_eff * peak)
+        backward = ATTENTION_BACKWARD_RATIO * flops / (bwd_eff * peak)
+        return AttentionTime(forward, backward, 0.0, 0.0)
+    # The rank's work is seq^2 / (2 cp) scores per sequence: a causal (seq/cp)^2 / 2
+    # diagonal plus cp - 1 blocks of (seq/cp)^2 / 2 each, so every call carries 1 / cp.
+    off_fwd, off_bwd = kernel_efficiency(hardware, local_keys / 2, model.head_dim, causal=False)
+    share = flops / cp
+    forward = share / (fwd_eff * peak) + (cp - 1) * share / (off_fwd * peak)
+    backward = ATTENTION_BACKWARD_RATIO * (
+        share / (bwd_eff * peak) + (cp - 1) * share / (off_bwd * peak)
+    )
+    # Each ring step sends this rank's K and V (BF16) to its neighbour; backward sends them
+    # again with their gradients. A ring of cp ranks tp apart leaves the node as soon as
+    # cp x tp ranks outgrow it, and then its slowest hop is a NIC.
+    kv_chunk = 2.0 * 2 * tokens * kv_dim(model) / tp
+    ring_stride = tp if cp * tp <= fabric.gpus_per_node else fabric.gpus_per_node
+    hop = fabric.p2p_s(kv_chunk, ring_stride)
+    step_forward, step_backward = forward / cp, backward / cp
+    exposed = (cp - 1) * (max(0.0, hop - step_forward) + max(0.0, 2 * hop - step_backward))
+    output_elements = tokens * model.hidden / tp
+    merge_bytes = 2 * cp * output_elements * CP_MERGE_BYTES_PER_ELEMENT  # fwd and bwd
+    merge = merge_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+    return AttentionTime(forward, backward, exposed, merge)

@@ -1,0 +1,110 @@
+"""Where one step's time goes, cause by cause, for `runyard plan --explain`.
+
+The step-time model already splits a step into compute and each kind of communication;
+this module opens up compute too (GEMMs, attention, memory-bound ops, recomputation,
+kernel launches) and says, for the two efficiencies that matter most, what the model
+assumed and why, so a user can see why the planner expects what it expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contract import ModelShape
+
+from .attention import kernel_efficiency
+from .collectives import Fabric
+from .hardware import Hardware, Network, hardware_named
+from .layout import Layout
+from .step_time import busiest_stage, estimate_step, layer_time, logits_s
+
+
+@dataclass(frozen=True, slots=True)
+class StepCause:
+    """One cause of step time: seconds per step and a short reason."""
+
+    cause: str
+    seconds: float
+    why: str
+
+
+def explain_step(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    layout: Layout,
+    seq_len: int,
+    grad_accum: int,
+) -> list[StepCause]:
+    """Every cause of one step's time on the busiest rank; they add up to the step time."""
+    step = estimate_step(model, hardware, fabric, layout, seq_len, grad_accum)
+    tokens = layout.micro_batch_size * seq_len // layout.cp
+    layer = layer_time(
+        model,
+        hardware,
+        fabric,
+        layout.precision,
+        layout.tp,
+        layout.cp,
+        tokens,
+        seq_len,
+        layout.recompute,
+    )
+    logits = logits_s(model, hardware, layout, tokens)
+    layers, extra = busiest_stage(model, layout, layer, logits)
+    per_step = grad_accum * layers
+    fwd_eff, bwd_eff = kernel_efficiency(hardware, seq_len / layout.cp, model.head_dim, True)
+    kernel_keys = seq_len // layout.cp
+    return [
+        StepCause(
+            "gemms",
+            per_step * layer.gemm_s,
+            f"{layout.precision} matrix products at up to {hardware.gemm_efficiency:.0%} of "
+            "peak, less for thin or short shapes (tile and wave quantization)",
+        ),
+        StepCause(
+            "attention",
+            per_step * layer.attention_s,
+            f"causal kernel over {kernel_keys:,} keys, head dim {model.head_dim}: forward "
+            f"{fwd_eff:.0%}, backward {bwd_eff:.0%} of BF16 peak (FlashAttention-2 curves)",
+        ),
+        StepCause(
+            "memory_bound",
+            per_step * layer.memory_bound_s,
+            "norms, residual adds, rotary, activation"
+            + (", FP8 casts" if layout.precision == "fp8" else "")
+            + " at HBM speed",
+        ),
+        StepCause("recompute", per_step * layer.recompute_s, f"recompute={layout.recompute}"),
+        StepCause(
+            "kernel_launch",
+            per_step * layer.launch_s,
+            "a gap per kernel; the host's time per op where it is slower than the GPU",
+        ),
+        StepCause("logits", grad_accum * extra, "output projection and cross-entropy"),
+        StepCause("tp_comm", step.tp_comm_s, f"sequence-parallel collectives over tp={layout.tp}"),
+        StepCause("cp_comm", step.cp_comm_s, "ring transfers not hidden, and output merges"),
+        StepCause("bubble", step.bubble_s, f"(pp - 1) / vp = {layout.pp - 1}/{layout.vp}"),
+        StepCause("pp_comm", step.pp_comm_s, "activations between pipeline stages"),
+        StepCause(
+            "dp_comm",
+            step.dp_comm_s,
+            f"ZeRO-{layout.zero_stage} collectives not hidden, plus their slowdown of compute",
+        ),
+        StepCause("optimizer", step.optimizer_s, "Adam over the parameters this rank owns"),
+    ]
+
+
+def explain_plan(
+    model: ModelShape,
+    hardware: str,
+    network: str,
+    gpus_per_node: int,
+    layout: Layout,
+    seq_len: int,
+    grad_accum: int,
+) -> list[StepCause]:
+    """`explain_step` from the names a PlanResult carries."""
+    chip = hardware_named(hardware)
+    fabric = Fabric.of(chip, Network(network), gpus_per_node)
+    return explain_step(model, chip, fabric, layout, seq_len, grad_accum)
