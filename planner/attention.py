@@ -5,14 +5,8 @@ A FlashAttention-style kernel (FA2, cuDNN, FA3) walks tiles of the score matrix.
 query block (forward) or key block (backward) pays a fixed cost besides its main loop:
 loading its tile, rescaling and writing the output or the gradients, the log-sum-exp.
 Amortised over the keys a query meets, that makes the speed rise with sequence length
-and saturate: speed(n) = asymptote x n / (n + n_half), n = keys per query. Fitted to
-the published FlashAttention-2 curves on H100 SXM5 (Shah et al. 2024, FlashAttention-3,
-Figures 5 and 6, head dim 128, non-causal; FA2 is the kernel PyTorch's
-scaled_dot_product_attention runs on Hopper, which is what runyard's worker calls):
-
-    keys    512   1k    2k    4k    8k    16k
-    fwd     309   350   362   368   370   370  TFLOP/s   -> asymptote 372, n_half ~ 64
-    bwd     214   260   291   310   318   322  TFLOP/s   -> asymptote 326, n_half ~ 240
+and saturate: speed(n) = peak_fraction x n / (n + half_keys), n = keys per query, with
+each kernel's figures fitted to its published curves (`attention_kernels.py`).
 
 A causal kernel also computes the diagonal tiles whole and masks half of each: with
 ATTENTION_BLOCK keys per tile and n tiles per row that wastes 1 / (n + 1) of the work.
@@ -40,8 +34,6 @@ from .hardware import HBM_EFFICIENCY, Hardware
 from .transformer import attention_forward_flops, kv_dim
 
 ATTENTION_BLOCK = 128  # keys per tile of FA2/cuDNN's causal kernels for head dim <= 128
-FORWARD_HALF_KEYS = 64.0  # keys per query at which the forward runs at half speed (above)
-BACKWARD_HALF_KEYS = 240.0  # the same for the backward (above)
 HEAD_DIM_SOFTMAX_EQUIVALENT = 14.0  # hd 64 at ~0.91 of hd 128 backward (FA3 paper, Fig. 6)
 REFERENCE_HEAD_DIM = 128
 ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
@@ -85,8 +77,9 @@ def kernel_efficiency(
     if causal:
         tiles = max(1.0, keys_per_call / ATTENTION_BLOCK)
         diagonal = tiles / (tiles + 1)
-    forward = hardware.attention_forward_efficiency * _saturation(keys, FORWARD_HALF_KEYS)
-    backward = hardware.attention_backward_efficiency * _saturation(keys, BACKWARD_HALF_KEYS)
+    kernel = hardware.attention_kernel
+    forward = kernel.forward_peak_fraction * _saturation(keys, kernel.forward_half_keys)
+    backward = kernel.backward_peak_fraction * _saturation(keys, kernel.backward_half_keys)
     return forward * width * diagonal, backward * width * diagonal
 
 

@@ -60,7 +60,11 @@ class Fabric:
         latency = passes * (per_node - 1) * NVLINK_HOP_LATENCY_S
         if nodes > 1:
             inter = passes * (nodes - 1) / nodes * num_bytes / (per_node * self.nic_bytes_per_s)
-            latency += passes * math.ceil(math.log2(nodes)) * NIC_HOP_LATENCY_S
+            # NCCL runs all-gather and reduce-scatter as rings (its Tree algorithm is for
+            # all-reduce only: NCCL docs, NCCL_ALGO), so a ring's message crosses every
+            # node in turn; an all-reduce's tree needs only log2(nodes) steps.
+            hops = nodes - 1 if passes == 1 else math.ceil(math.log2(nodes))
+            latency += passes * hops * NIC_HOP_LATENCY_S
         return max(intra, inter) + latency
 
     def p2p_s(self, num_bytes: float, stride: int) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .attention_kernels import FA2_AMPERE, FA2_HOPPER, AttentionKernel
+
 GIB = 2**30
 GBPS = 1e9 / 8  # one gigabit per second, in bytes per second
 
@@ -34,10 +36,9 @@ class Hardware:
     efa_bytes_per_s_per_node: float
     num_sms: int  # streaming multiprocessors: one GEMM output tile each per wave
     gemm_efficiency: float  # achievable fraction of peak for large BF16 GEMMs (see below)
-    # Fused attention's asymptotic fraction of BF16 peak at long sequences, forward and
-    # backward apart; `attention.py` derates them for short sequences and narrow heads.
-    attention_forward_efficiency: float
-    attention_backward_efficiency: float
+    # The fused attention kernel the worker runs here, with its published speed curve;
+    # `attention.py` applies it per call (keys, head dim, causal).
+    attention_kernel: AttentionKernel
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak of the math the linear layers run in."""
@@ -76,14 +77,11 @@ HARDWARE: dict[str, Hardware] = {
         # sits at its 700 W limit with NVLink, HBM and NICs also drawing, so the clock
         # settles ~15-20 % lower still: 0.79 x 0.82 ~ 0.65 sustained.
         gemm_efficiency=0.65,
-        # FlashAttention-2, the kernel PyTorch's SDPA runs on Hopper, as measured in the
-        # FlashAttention-3 paper (Shah et al. 2024, Figs. 5-6, H100 SXM5, head dim 128):
-        # forward levels off at ~372 TFLOP/s, backward at ~326 (FA3's abstract: FA2
-        # reaches "only 35% utilization on the H100"). No power derating: FA2 leaves the
-        # tensor cores two-thirds idle (softmax and synchronisation bound), so the chip
-        # does not hit its power limit the way dense GEMMs do.
-        attention_forward_efficiency=372 / 989.4,
-        attention_backward_efficiency=326 / 989.4,
+        # FlashAttention-2: what PyTorch's SDPA runs on Hopper (attention_kernels.py).
+        # No power derating: FA2 leaves the tensor cores two-thirds idle (softmax and
+        # synchronisation bound; FA3 paper: FA2 "achieving only 35% utilization on the
+        # H100"), so the chip does not reach its power limit the way dense GEMMs do.
+        attention_kernel=FA2_HOPPER,
     ),
     "h200": Hardware(
         name="h200",
@@ -97,8 +95,7 @@ HARDWARE: dict[str, Hardware] = {
         efa_bytes_per_s_per_node=3200 * GBPS,  # AWS p5e.48xlarge: 3,200 Gbps EFA
         num_sms=132,  # same GH100 configuration as H100 SXM
         gemm_efficiency=0.65,  # same chip and power limit as H100 SXM (see above)
-        attention_forward_efficiency=372 / 989.4,  # same chip and kernel as H100 SXM
-        attention_backward_efficiency=326 / 989.4,
+        attention_kernel=FA2_HOPPER,  # same chip and kernel as H100 SXM
     ),
     "a100-80gb": Hardware(
         name="a100-80gb",
@@ -117,11 +114,7 @@ HARDWARE: dict[str, Hardware] = {
         # peak end to end on 3,072 GPUs after ~20 % of bubble and communication, which
         # puts the layers' own GEMMs near 0.52 / 0.77 ~ 0.68.
         gemm_efficiency=0.68,
-        # FlashAttention-2 (Dao 2023) reaches "50-73% of the theoretical maximum FLOPs/s
-        # on A100", the forward at the top of that range; the backward keeps the 0.876 of
-        # the forward that FA2's H100 curves show (326 / 372).
-        attention_forward_efficiency=0.70,
-        attention_backward_efficiency=0.70 * 326 / 372,
+        attention_kernel=FA2_AMPERE,  # FlashAttention-2 via SDPA (attention_kernels.py)
     ),
 }
 

@@ -198,8 +198,13 @@ def busiest_stage(
 
 
 def logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int) -> float:
-    """Output projection forward and backward plus the cross-entropy passes over logits."""
-    gemm = _gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, layout.precision)
+    """Output projection forward and backward plus the cross-entropy passes over logits.
+
+    The projection stays in BF16 under FP8 recipes: Megatron-LM builds it as a plain
+    ColumnParallelLinear outside Transformer Engine's FP8 layers, and torchtitan's float8
+    conversion skips the "output" module by default.
+    """
+    gemm = _gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, "bf16")
     loss_bytes = 4.0 * 4 * tokens * model.vocab / layout.tp  # FP32, ~4 passes
     return 3 * gemm + loss_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
 

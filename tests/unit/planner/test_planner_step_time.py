@@ -73,8 +73,11 @@ def test_collectives_use_nvlink_inside_a_node_and_nics_across() -> None:
     inside = FABRIC.collective_s(1e9, size=8, stride=1, passes=1)
     across = FABRIC.collective_s(1e9, size=8, stride=8, passes=1)
     # An all-gather moves (n - 1) / n of the buffer through each GPU's link, plus a hop
-    # latency per step (7 ring steps on NVLink; log2(8) = 3 tree steps between nodes).
+    # latency per ring step (7 on NVLink; 7 between nodes, as NCCL's all-gather is a ring).
     assert inside == pytest.approx(7 / 8 * 1e9 / FABRIC.nvlink_bytes_per_s + 7 * 5e-6)
-    assert across == pytest.approx(7 / 8 * 1e9 / FABRIC.nic_bytes_per_s + 3 * 15e-6)
+    assert across == pytest.approx(7 / 8 * 1e9 / FABRIC.nic_bytes_per_s + 7 * 15e-6)
+    # An all-reduce between nodes runs as a tree: log2(8) = 3 steps each way.
+    reduce = FABRIC.collective_s(1e9, size=8, stride=8, passes=2)
+    assert reduce == pytest.approx(2 * 7 / 8 * 1e9 / FABRIC.nic_bytes_per_s + 2 * 3 * 15e-6)
     assert FABRIC.nvlink_bytes_per_s == pytest.approx(900e9 / 2 * 0.8)  # 360 GB/s
     assert FABRIC.nic_bytes_per_s == pytest.approx(400e9 / 8 * 0.8)  # 40 GB/s

@@ -1,0 +1,47 @@
+"""Published speed curves of fused attention kernels, as the planner's attention model uses them.
+
+Each kernel's speed rises with the keys a query meets and levels off:
+speed(n) = peak_fraction x n / (n + half_keys), forward and backward apart. The numbers
+are fits to the curves in the FlashAttention-3 paper (Shah et al. 2024, Figures 5 and 6:
+H100 80GB SXM5, BF16, head dim 128, non-causal, batch x seq = 16K tokens), TFLOP/s:
+
+    keys            512   1k    2k    4k    8k    16k
+    FA2    fwd      309   350   362   368   370   370   -> 372, half at ~64 keys
+           bwd      214   260   291   310   318   322   -> 326, half at ~240 keys
+    cuDNN  fwd      497   574   617   609   600   595   -> 610, half at ~90 keys
+           bwd      305   408   465   499   518   516   -> 530, half at ~300 keys
+
+Which kernel a run gets is the framework's choice, not the hardware's: PyTorch's
+scaled_dot_product_attention (what runyard's worker calls) tries FlashAttention-2 first
+(fixed priority flash, efficient, math, cuDNN: pytorch/pytorch#138907), although cuDNN is
+1.7-2.3x faster for training shapes on Hopper (huggingface/transformers#48163); Megatron
+with Transformer Engine picks cuDNN there. A preset names the kernel the worker runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+H100_BF16_PEAK = 989.4e12  # the curves above are fractions of this
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    """One fused attention kernel's speed curve on one chip."""
+
+    name: str
+    forward_peak_fraction: float  # of dense BF16 peak, at long sequences
+    backward_peak_fraction: float
+    forward_half_keys: float  # keys per query at which the forward runs at half speed
+    backward_half_keys: float
+
+
+FA2_HOPPER = AttentionKernel("flash-attention-2 (H100)", 372e12 / H100_BF16_PEAK,
+                             326e12 / H100_BF16_PEAK, 64.0, 240.0)  # fmt: skip
+CUDNN_HOPPER = AttentionKernel("cudnn (H100)", 610e12 / H100_BF16_PEAK,
+                               530e12 / H100_BF16_PEAK, 90.0, 300.0)  # fmt: skip
+# FlashAttention-2 (Dao 2023) reaches "50-73% of the theoretical maximum FLOPs/s on
+# A100", the forward at the top of that range; no per-length A100 curve is published in
+# text, so the backward keeps FA2's H100 backward/forward ratio (326 / 372) and both keep
+# FA2's H100 half-speed key counts.
+FA2_AMPERE = AttentionKernel("flash-attention-2 (A100)", 0.70, 0.70 * 326 / 372, 64.0, 240.0)
