@@ -16,7 +16,12 @@ from service.admin.endpoints import router as admin_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
 from service.db import get_engine
-from service.errors import ERROR_RESPONSES, document_errors, install_error_handlers
+from service.errors import (
+    ERROR_RESPONSES,
+    document_errors,
+    install_error_handlers,
+    render_unavailable,
+)
 from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
 from service.observability.http import install_observability
@@ -25,6 +30,7 @@ from service.plans.endpoints import router as plans_router
 from service.reconcile.loop import run_forever
 from service.runs.endpoints import router as runs_router
 from service.runs.logs import router as run_logs_router
+from service.slurm.commands import SlurmError
 from service.sweeps.endpoints import router as sweeps_router
 from service.workers.endpoints import router as worker_router
 
@@ -80,6 +86,12 @@ def create_app() -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     install_error_handlers(app)
+    render_unavailable(
+        app,
+        SlurmError,
+        "slurm_unavailable",
+        "Slurm did not answer ({}); try again, or check slurmctld (docs/operations.md)",
+    )
     document_errors(app)
     app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
     install_observability(app)

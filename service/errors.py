@@ -9,8 +9,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from service.slurm.commands import SlurmError
-
 
 class AppError(Exception):
     """Rendered as {"error": code, "detail": message} with `status_code`."""
@@ -55,18 +53,6 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=exc.status_code, content={"error": exc.code, "detail": exc.detail}
         )
 
-    @app.exception_handler(SlurmError)
-    async def _slurm_error(_: Request, exc: SlurmError) -> JSONResponse:
-        # The request was valid; Slurm could not be asked. Nothing was changed on our side.
-        return JSONResponse(
-            status_code=503,
-            content={
-                "error": "slurm_unavailable",
-                "detail": f"Slurm did not answer ({exc}); try again, or check slurmctld "
-                "(docs/operations.md)",
-            },
-        )
-
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         # One line per problem, each naming the field, so a CLI can print them as they are.
@@ -78,6 +64,17 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=422,
             content={"error": "invalid_request", "detail": summary, "problems": problems},
         )
+
+
+def render_unavailable(app: FastAPI, error: type[Exception], code: str, advice: str) -> None:
+    """A backend the request needed did not answer: a 503 with a stable `code`; `advice`
+    holds `{}` for the backend's message. The composition root (app.py) names the backends,
+    so this module depends on none of them."""
+
+    @app.exception_handler(error)
+    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The request was valid; the backend could not be asked. Nothing changed on our side.
+        return JSONResponse(status_code=503, content={"error": code, "detail": advice.format(exc)})
 
 
 class Problem(BaseModel):
