@@ -6,7 +6,7 @@ are fits to the curves in the FlashAttention-3 paper (Shah et al. 2024, Figures 
 H100 80GB SXM5, BF16, head dim 128, non-causal, batch x seq = 16K tokens), TFLOP/s:
 
     keys            512   1k    2k    4k    8k    16k
-    FA2    fwd      309   350   362   368   370   370   -> 372, half at ~64 keys
+    FA2    fwd      309   350   362   368   370   370   -> 372, half at ~80 keys
            bwd      214   260   291   310   318   322   -> 326, half at ~240 keys
     cuDNN  fwd      497   574   617   609   600   595   -> 610, half at ~90 keys
            bwd      305   408   465   499   518   516   -> 530, half at ~300 keys
@@ -37,11 +37,11 @@ class AttentionKernel:
 
 
 FA2_HOPPER = AttentionKernel("flash-attention-2 (H100)", 372e12 / H100_BF16_PEAK,
-                             326e12 / H100_BF16_PEAK, 64.0, 240.0)  # fmt: skip
+                             326e12 / H100_BF16_PEAK, 80.0, 240.0)  # fmt: skip
 CUDNN_HOPPER = AttentionKernel("cudnn (H100)", 610e12 / H100_BF16_PEAK,
                                530e12 / H100_BF16_PEAK, 90.0, 300.0)  # fmt: skip
 # FlashAttention-2 (Dao 2023) reaches "50-73% of the theoretical maximum FLOPs/s on
 # A100", the forward at the top of that range; no per-length A100 curve is published in
 # text, so the backward keeps FA2's H100 backward/forward ratio (326 / 372) and both keep
 # FA2's H100 half-speed key counts.
-FA2_AMPERE = AttentionKernel("flash-attention-2 (A100)", 0.70, 0.70 * 326 / 372, 64.0, 240.0)
+FA2_AMPERE = AttentionKernel("flash-attention-2 (A100)", 0.70, 0.70 * 326 / 372, 80.0, 240.0)

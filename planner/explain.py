@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 from contract import ModelShape
 
-from .attention import kernel_efficiency
+from .attention import ATTENTION_BACKWARD_RATIO, kernel_efficiency
 from .collectives import Fabric
 from .hardware import Hardware, Network, hardware_named
 from .layout import Layout
 from .step_time import busiest_stage, estimate_step, layer_time, logits_s
+from .transformer import attention_forward_flops, layer_matmul_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +56,25 @@ def explain_step(
     per_step = grad_accum * layers
     fwd_eff, bwd_eff = kernel_efficiency(hardware, seq_len / layout.cp, model.head_dim, True)
     kernel_keys = seq_len // layout.cp
+    gemm_flops = 3 * 2.0 * tokens * layer_matmul_params(model) / layout.tp
+    gemm_share = gemm_flops / layer.gemm_s / hardware.peak_flops(layout.precision)
+    attention_flops = (1 + ATTENTION_BACKWARD_RATIO) * attention_forward_flops(
+        model, tokens, seq_len, layout.tp
+    )
+    attention_share = attention_flops / layer.attention_s / hardware.peak_bf16_flops
     return [
         StepCause(
             "gemms",
             per_step * layer.gemm_s,
-            f"{layout.precision} matrix products at up to {hardware.gemm_efficiency:.0%} of "
-            "peak, less for thin or short shapes (tile and wave quantization)",
+            f"{layout.precision} matrix products at {gemm_share:.0%} of peak (large ones reach "
+            f"{hardware.gemm_efficiency:.0%}; tiles and waves cost thin or short shapes more)",
         ),
         StepCause(
             "attention",
             per_step * layer.attention_s,
-            f"causal kernel over {kernel_keys:,} keys, head dim {model.head_dim}: forward "
-            f"{fwd_eff:.0%}, backward {bwd_eff:.0%} of BF16 peak (FlashAttention-2 curves)",
+            f"{attention_share:.0%} of BF16 peak overall; {hardware.attention_kernel.name} over "
+            f"{kernel_keys:,} keys, head dim {model.head_dim}: forward {fwd_eff:.0%}, "
+            f"backward {bwd_eff:.0%} (published curves)",
         ),
         StepCause(
             "memory_bound",

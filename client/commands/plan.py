@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from client.output import Exit, console, fail, print_json, print_table
 from contract import ModelShape
+from planner.explain import StepCause, explain_plan
+from planner.layout import Layout
 from planner.plan import PlanError
 from planner.plan import plan as plan_run
 from planner.presets import MODEL_PRESETS
@@ -70,6 +72,9 @@ def plan(
     vocab: int | None = typer.Option(None, help="Shape: vocabulary size."),
     mlp: str | None = typer.Option(None, help="Shape: swiglu or gelu."),
     json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+    explain: bool = typer.Option(
+        False, "--explain", help="Also print where the best layout's step time goes, and why."
+    ),
 ) -> None:
     """Plan a run: the fastest layout that fits, its memory, speed and failure budget."""
     if mlp is not None and mlp not in ("swiglu", "gelu"):
@@ -103,9 +108,51 @@ def plan(
     except PlanError as exc:
         named = exc.message if exc.message.startswith(exc.field) else str(exc)
         fail(named, Exit.ERROR if exc.advice else Exit.USAGE)
+    causes = _step_causes(shape, result) if explain else None
     if json:
+        if causes is not None:
+            result["step_explained"] = [
+                {"cause": c.cause, "seconds": c.seconds, "why": c.why} for c in causes
+            ]
         return print_json(result)
     print_plan(result)
+    if causes is not None:
+        print_explanation(causes, result["step_time_s"])
+
+
+def _step_causes(shape: ModelShape, result: dict[str, Any]) -> list[StepCause]:
+    """The planner's own breakdown of the chosen layout's step, cause by cause."""
+    chosen = result["layout"]
+    layout = Layout(
+        dp=chosen["dp"],
+        tp=chosen["tp"],
+        pp=chosen["pp"],
+        cp=chosen["cp"],
+        zero_stage=chosen["zero_stage"],
+        micro_batch_size=chosen["micro_batch_size"],
+        recompute=chosen["recompute"],
+        precision=chosen["precision"],
+        vp=chosen["vp"],
+    )
+    return explain_plan(
+        shape,
+        result["hardware"],
+        result["network"],
+        result["gpus_per_node"],
+        layout,
+        result["seq_len"],
+        chosen["grad_accum"],
+    )
+
+
+def print_explanation(causes: list[StepCause], step_time_s: float) -> None:
+    """Where one step's time goes, largest cause first, with the model's reason for each."""
+    shown = sorted((c for c in causes if c.seconds > 0), key=lambda c: -c.seconds)
+    print_table(
+        f"where a {step_time_s:.2f} s step goes",
+        ["CAUSE", "SECONDS", "SHARE", "WHY"],
+        [(c.cause, f"{c.seconds:.3f}", f"{c.seconds / step_time_s:.1%}", c.why) for c in shown],
+    )
 
 
 def _layout_text(layout: dict[str, Any]) -> str:
