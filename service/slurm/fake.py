@@ -143,6 +143,13 @@ class FakeSlurm:
             started.append(job.job_id)
         return started
 
+    def run_foreign_job(self, name: str, nodes: Sequence[str]) -> str:
+        """Someone else's job, running on `nodes` now (their sbatch, not the reconciler's)."""
+        job_id = self._new_id()
+        self.jobs[job_id] = FakeJob(job_id, name, len(nodes), tuple(nodes), None, 0, 0)
+        self.start(job_id, nodes)
+        return job_id
+
     def start(self, job_id: str, nodes: Sequence[str]) -> None:
         """Run a pending job on `nodes` (what the scheduler decided)."""
         job = self.jobs[job_id]

@@ -23,6 +23,7 @@ import service.db
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Incident, Node, Run, RunEvent
+from service.reconcile import placement, submission
 from service.reconcile.loop import Reconciler
 from service.recovery import spares
 from service.recovery.classification import Classifier
@@ -31,6 +32,7 @@ from service.runs import repository
 from service.runs.schemas import RunSpec
 from service.runs.service import create_run
 from service.slurm.fake import FakeSlurm
+from service.slurm.snapshot import take_snapshot
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 
@@ -106,6 +108,21 @@ class Cluster:
     def incidents(self, node: str) -> list[Incident]:
         with session_scope() as session:
             return list(session.scalars(select(Incident).where(Incident.node_name == node)))
+
+    def crash_after_sbatch(self, run_id: int) -> str:
+        """What a service that died right after sbatch leaves: a placed run, its attempt
+        SUBMITTING without a job id, and the job queued under the attempt's unique name."""
+        self.reconciler.sync_nodes(take_snapshot(self.slurm))
+        placement.place_pending(self.settings, take_snapshot(self.slurm))
+        with session_scope() as session:
+            run = repository.get_run(session, run_id, for_update=True)
+            assert run is not None
+            request = submission.attempt_request(
+                run, submission.new_attempt(session, run, self.settings)
+            )
+        assert request.reservation is not None
+        self.slurm.create_reservation(request.reservation, request.nodelist.split(","))
+        return self.slurm.submit(request)
 
     # --- what users, admins, agents and workers do --------------------------------------
 

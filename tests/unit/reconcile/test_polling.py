@@ -1,0 +1,88 @@
+"""Polling: every watched job is read in a bounded number of Slurm calls per tick, and a
+sweep's array tasks hand their runs the nodes Slurm chose."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.auth.principal import Principal
+from service.db import session_scope
+from service.models import AttemptState, Role, RunState
+from service.slurm.submit import ArrayRequest
+from service.sweeps.schemas import SweepSpec
+from service.sweeps.service import create_sweep
+from tests.unit.reconcile.conftest import PREFIX, Cluster
+from tests.unit.reconcile.test_submission import tokens_of
+
+
+def test_three_jobs_ending_together_cost_one_squeue_and_one_scontrol(cluster: Cluster) -> None:
+    runs = [cluster.submit_run(f"r{i}") for i in range(3)]
+    cluster.cycle()
+    for run_id in runs:
+        cluster.slurm.finish(cluster.live_job(run_id), exit_code=1)
+    cluster.slurm.calls.clear()
+    cluster.tick()
+    assert (cluster.slurm.calls["queue"], cluster.slurm.calls["job_details"]) == (1, 1)
+    for run_id in runs:
+        assert cluster.attempts(run_id)[0].state == AttemptState.FAILED
+
+
+def submit_sweep(cluster: Cluster, max_parallel: int) -> list[int]:
+    spec = SweepSpec.model_validate(
+        {
+            "name": "lr-sweep",
+            "model": "tiny",
+            "nodes": 1,
+            "gpus_per_node": 1,
+            "seq_len": 128,
+            "global_batch": 8,
+            "steps": 100,
+            "sweep": {"grid": {"lr": [1e-3, 2e-3, 3e-3]}, "max_parallel": max_parallel},
+        }
+    )
+    owner = Principal(token_id=0, user="alice", team="ml", role=Role.USER)
+    with session_scope() as session:
+        _, runs = create_sweep(session, spec, cluster.settings, owner)
+        return [r.id for r in runs]
+
+
+def test_a_sweep_is_one_array_whose_tasks_hold_the_nodes_slurm_chose(cluster: Cluster) -> None:
+    runs = submit_sweep(cluster, max_parallel=2)
+    cluster.tick()
+    assert cluster.slurm.calls["submit_array"] == 1 and cluster.slurm.calls["submit"] == 0
+    array_id = cluster.slurm.array_job_by_name(f"{PREFIX}-s{cluster.run(runs[0]).sweep_id}")
+    assert [cluster.attempts(r)[0].slurm_job_id for r in runs] == [
+        f"{array_id}_{task}" for task in range(3)
+    ]
+    cluster.slurm.schedule()  # two tasks start: the array's limit
+    cluster.tick()
+    states = [cluster.run(r).state for r in runs]
+    assert states == [RunState.RUNNING, RunState.RUNNING, RunState.PENDING]
+    first = cluster.run(runs[0])
+    assert first.nodes == ["unit001"]  # what Slurm gave task 0, now held like any run's
+    assert cluster.slurm.reservation_nodes[first.reservation or ""] == ["unit001"]
+
+
+def test_an_array_queued_before_a_crash_is_adopted_with_its_tokens(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = submit_sweep(cluster, max_parallel=3)
+    sbatch = cluster.slurm.submit_array
+
+    def sbatch_then_die(req: ArrayRequest) -> str:
+        sbatch(req)
+        raise RuntimeError("the service was killed before it recorded the array")
+
+    monkeypatch.setattr(cluster.slurm, "submit_array", sbatch_then_die)
+    cluster.tick()
+    assert all(cluster.attempts(r)[0].slurm_job_id is None for r in runs)
+    monkeypatch.setattr(cluster.slurm, "submit_array", sbatch)
+    cluster.tick()
+    (array_id,) = {job.array_id for job in cluster.slurm.jobs.values()}
+    assert [cluster.attempts(r)[0].slurm_job_id for r in runs] == [
+        f"{array_id}_{task}" for task in range(3)
+    ]
+    assert cluster.slurm.calls["submit_array"] == 1
+    for run_id in runs:  # the tokens the tasks were started with stay valid
+        (token,) = tokens_of(cluster.attempts(run_id)[0].id)
+        assert token.revoked_at is None

@@ -1,0 +1,70 @@
+"""Submission: after a crash between recording an attempt and storing its job id, the job
+is found by its unique name and adopted, never submitted twice; a Slurm that cannot say what
+is queued gets no blind submission; a refused sbatch fails the run with Slurm's reason."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from contract import StopReason
+from service.db import session_scope
+from service.models import ApiToken, AttemptState, RunState
+from service.reconcile import submission
+from tests.unit.reconcile.conftest import Cluster
+
+
+def tokens_of(attempt_id: int) -> list[ApiToken]:
+    with session_scope() as session:
+        return list(session.scalars(select(ApiToken).where(ApiToken.attempt_id == attempt_id)))
+
+
+def test_a_job_queued_before_a_crash_is_adopted_not_submitted_again(cluster: Cluster) -> None:
+    run_id = cluster.submit_run("adopted")
+    job = cluster.crash_after_sbatch(run_id)
+    cluster.slurm.calls.clear()
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.slurm_job_id == job and attempt.state == AttemptState.PENDING
+    assert cluster.slurm.calls["submit"] == 0 and len(cluster.slurm.jobs) == 1
+    # Minting would revoke the token the job already runs with: none is minted.
+    assert tokens_of(attempt.id) == []
+    cluster.slurm.schedule()
+    cluster.tick()
+    assert cluster.run(run_id).state == RunState.RUNNING
+
+
+def test_a_job_that_ended_before_the_service_came_back_is_adopted_too(cluster: Cluster) -> None:
+    run_id = cluster.submit_run("ended-while-down")
+    job = cluster.crash_after_sbatch(run_id)
+    cluster.slurm.schedule()
+    cluster.slurm.finish(job, exit_code=1)
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.slurm_job_id == job and attempt.state == AttemptState.FAILED
+    assert cluster.slurm.calls["submit"] == 1  # only the dead service's
+
+
+def test_when_slurm_cannot_list_the_queue_nothing_is_submitted_blind(cluster: Cluster) -> None:
+    run_id = cluster.submit_run("blind")
+    cluster.slurm.break_call("jobs_by_name")
+    cluster.tick(2)
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.state == AttemptState.SUBMITTING and cluster.slurm.calls["submit"] == 0
+    cluster.slurm.heal_call("jobs_by_name")
+    cluster.tick()
+    assert cluster.slurm.calls["submit"] == 1
+    assert cluster.attempts(run_id)[0].state == AttemptState.PENDING
+    # A fresh submission gets a worker token, written where the batch script reads it.
+    (token,) = tokens_of(attempt.id)
+    assert token.revoked_at is None
+    assert submission.attempt_request(cluster.run(run_id), attempt).token_file.exists()
+
+
+def test_a_refused_sbatch_fails_the_run_with_slurms_reason(cluster: Cluster) -> None:
+    run_id = cluster.submit_run("refused")
+    cluster.slurm.break_call("submit", "Batch job submission failed: Invalid account")
+    cluster.tick()
+    run = cluster.run(run_id)
+    (attempt,) = cluster.attempts(run_id)
+    assert run.state == RunState.FAILED and "Invalid account" in run.state_reason
+    assert attempt.stop_reason == StopReason.SUBMISSION_FAILED
