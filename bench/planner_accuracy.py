@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from contract import ModelShape  # noqa: E402
 from planner import hardware as hardware_presets  # noqa: E402
-from planner.plan import plan  # noqa: E402
+from planner.plan import PlanError, plan  # noqa: E402
 
 CASE_FILES = (
     REPO_ROOT / ".." / "shared" / "planner_cases.json",
@@ -104,7 +104,7 @@ def evaluate(case: dict[str, Any]) -> dict[str, Any]:
     }
     try:
         predicted, chosen = predict(case)
-    except Exception as exc:  # a case the planner refuses is shown, not hidden
+    except PlanError as exc:  # a case the planner refuses is shown, not hidden
         return {**row, "predicted_tokens_per_s_per_gpu": None, "error": str(exc)[:120]}
     return {
         **row,

@@ -46,7 +46,7 @@ TILE_M, TILE_N = 128, 256
 # A tile's prologue (filling the load pipeline) and epilogue (writing 64 KB of BF16
 # output) cost about as much as four 64-deep steps of its BF16 main loop. They take the
 # same time whatever the inputs' precision, so against FP8's twice-as-fast main loop they
-# are worth twice the reduction depth (see `_gemm_s`).
+# are worth twice the reduction depth (see `gemm_s`).
 TILE_FIXED_K = 256
 ELEMENTWISE_BACKWARD_RATIO = 2.0  # backward reads the saved input and the gradient, writes one
 OVERLAP_SLOWDOWN = 0.1  # share of an overlapped collective's time that still slows compute
@@ -104,7 +104,7 @@ class LayerTime:
         return self.forward_s + self.backward_s + self.tp_comm_s + self.cp_comm_s
 
 
-def _gemm_s(m: int, k: int, n: int, hardware: Hardware, precision: str) -> float:
+def gemm_s(m: int, k: int, n: int, hardware: Hardware, precision: str) -> float:
     """Time of one (m x k) @ (k x n) product with a BF16 output.
 
     The compute side pays for whole output tiles (tile quantization), for a partly idle
@@ -140,7 +140,7 @@ def layer_time(
     """Cost of one layer for `tokens` local tokens (micro batch x seq / cp) on one rank."""
     hbm = HBM_EFFICIENCY * hardware.hbm_bytes_per_s
     gemms = sum(
-        _gemm_s(m, k, n, hardware, precision) for m, k, n in layer_gemm_shapes(model, tokens, tp)
+        gemm_s(m, k, n, hardware, precision) for m, k, n in layer_gemm_shapes(model, tokens, tp)
     )
     attention = attention_time(model, hardware, fabric, tp, cp, tokens, seq_len)
     elementwise = tokens / tp * elementwise_bytes_per_token(model) / hbm
@@ -204,7 +204,7 @@ def logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int)
     ColumnParallelLinear outside Transformer Engine's FP8 layers, and torchtitan's float8
     conversion skips the "output" module by default.
     """
-    gemm = _gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, "bf16")
+    gemm = gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, "bf16")
     loss_bytes = 4.0 * 4 * tokens * model.vocab / layout.tp  # FP32, ~4 passes
     return 3 * gemm + loss_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
 

@@ -13,7 +13,7 @@ from planner.hardware import HARDWARE, Network
 from planner.layout import Layout
 from planner.overheads import HOST_OP_S, layer_kernels, with_launch_costs
 from planner.presets import MODEL_PRESETS
-from planner.step_time import estimate_step, layer_time, logits_s
+from planner.step_time import estimate_step, gemm_s, layer_time, logits_s
 
 H100 = HARDWARE["h100-sxm"]
 FABRIC = Fabric.of(H100, Network.IB, 8)
@@ -67,6 +67,16 @@ def test_attention_dominates_at_128k_and_not_at_8k() -> None:
     short = layer_time(model, H100, FABRIC, "bf16", 1, 1, 8192, 8192, "none")
     assert long.attention_s > 0.7 * (long.forward_s + long.backward_s)
     assert short.attention_s < 0.4 * (short.forward_s + short.backward_s)
+
+
+def test_fp8_gemms_gain_less_than_twofold_and_least_on_short_reductions() -> None:
+    # A tile's epilogue takes as long in FP8 as in BF16, so it weighs twice as much
+    # against FP8's faster main loop: short reductions (small hidden sizes) gain least.
+    def speedup(k: int) -> float:
+        return gemm_s(16384, k, 16384, H100, "bf16") / gemm_s(16384, k, 16384, H100, "fp8")
+
+    assert speedup(1024) < speedup(4096) < speedup(16384) < 2.0
+    assert speedup(16384) > 1.9
 
 
 def test_the_output_projection_stays_bf16_under_fp8() -> None:
