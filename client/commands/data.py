@@ -78,13 +78,15 @@ def prepare(
     try:
         index = prepare_dataset(sources, tokenizer, out, settings, workers, show)
     except PrepareError as exc:
+        bar.live.transient = True  # the error alone, on one line
+        bar.stop()
         fail(str(exc), Exit.USAGE)
     except KeyboardInterrupt:
+        bar.stop()  # shows how far it got
         fail(f"interrupted: run the same command again to resume into {out}", Exit.ERROR)
-    finally:
-        bar.stop()
+    bar.stop()
     if json_out:
-        print_json(index.model_dump())
+        print_json(index.model_dump(mode="json"))
         return
     held_out = index.validation.num_tokens if index.validation else 0
     console.print(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from .sources import Unit, read_documents
 
 TOKENIZER_FILE = "tokenizer.json"
 _EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+PARENT_POLL_S = 0.5
 
 
 def _eos_from_configs(folder: Path) -> str | None:
@@ -103,9 +106,25 @@ class EncodedUnit:
 _state: dict[str, Any] = {}  # this pool process's tokenizer and settings
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A pool process whose prepare was killed (SIGKILL, OOM) would wait for work forever."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
 def start_process(settings: EncoderSettings) -> None:
-    """Pool initializer: load the tokenizer once per process."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process (see module doc)
+    """Pool initializer: one core per process (see the module doc), die with the prepare."""
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
+    ).start()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    load_encoder(settings)
+
+
+def load_encoder(settings: EncoderSettings) -> None:
+    """Load the tokenizer for encode_unit, once per process."""
     tokenizer, identity = load_tokenizer(Path(settings.tokenizer_dir), settings.eos_token)
     # A post-processor that already ends each document with EOS (T5-style) needs no second.
     probe = tokenizer.encode("a", add_special_tokens=True).ids

@@ -25,13 +25,21 @@ import numpy as np
 from contract.dataset import INDEX_FILE, DatasetIndex, TokenSplit, dtype_for_vocab
 from worker.files import write_atomic
 
-from .encoder import EncodedUnit, EncoderSettings, encode_unit, load_tokenizer, start_process
+from .encoder import (
+    EncodedUnit,
+    EncoderSettings,
+    encode_unit,
+    load_encoder,
+    load_tokenizer,
+    start_process,
+)
 from .errors import PrepareError
 from .sources import UNIT_BYTES, find_sources, fingerprint, plan_units
 from .writer import Journal, ShardAppender
 
 SHARD_TOKENS = 32 * 1024 * 1024  # tokens per shard file: 128 MiB at uint32
 WORK_DIR = ".prepare"
+JOURNAL_FILE = "journal.jsonl"
 # Test hook, like worker/faults.py: SIGKILL the prepare after unit N's tokens are on disk
 # and before the journal records it (the moment a resume must cut the shards back).
 FAULT_ENV = "RUNYARD_PREPARE_FAULT"
@@ -73,14 +81,18 @@ def _check_settings(settings: PrepareSettings) -> None:
 def _claim_output(out: Path, plan: dict[str, Any]) -> bool:
     """Make `out` ours; True when it holds this very prepare, interrupted (or finished)."""
     plan_path = out / WORK_DIR / "plan.json"
-    if plan_path.exists():
-        if json.loads(plan_path.read_text()) != plan:
+    if plan_path.exists() and json.loads(plan_path.read_text()) != plan:
+        if Journal(out / WORK_DIR / JOURNAL_FILE).entries() or (out / INDEX_FILE).exists():
             raise PrepareError(
                 f"{out} holds a prepare of other inputs, tokenizer or settings (or an input "
                 "changed since): delete it or choose another --out"
             )
+        # Nothing finished yet (say the first unit hit a bad file, since fixed): start over.
+        for stale in [*out.glob("shard_*.bin"), *out.glob("val_*.bin"), plan_path]:
+            stale.unlink()
+    elif plan_path.exists():
         return True
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != WORK_DIR for p in out.iterdir()):
         raise PrepareError(f"{out} is not empty and holds no prepare: choose an empty --out")
     (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
     write_atomic(plan_path, json.dumps(plan).encode())
@@ -121,7 +133,7 @@ def prepare_dataset(
     dtype = np.dtype(dtype_for_vocab(identity.vocab))
     train = ShardAppender(out, "shard", dtype, settings.shard_tokens)
     validation = ShardAppender(out, "val", dtype, settings.shard_tokens)
-    journal = Journal(out / WORK_DIR / "journal.jsonl")
+    journal = Journal(out / WORK_DIR / JOURNAL_FILE)
     done = journal.entries()
     last = done[-1] if done else {"train": 0, "validation": 0, "documents": 0, "val_docs": 0}
     train.cut_to(last["train"])
@@ -198,7 +210,13 @@ def _run_pool(
     write: Callable[[EncodedUnit], None],
 ) -> None:
     """Encode `units` over `num_workers` processes; hand them to `write` in order. At most
-    two units per process are in flight, which bounds memory however slow the head unit."""
+    two units per process are in flight, which bounds memory however slow the head unit.
+    With one worker, this process encodes (no pool to start)."""
+    if num_workers == 1:
+        load_encoder(encoder)
+        for offset, unit in enumerate(units):
+            write(encode_unit(first_number + offset, unit))
+        return
     context = multiprocessing.get_context("spawn")  # no tokenizer state forked across
     pool = ProcessPoolExecutor(
         num_workers, mp_context=context, initializer=start_process, initargs=(encoder,)
