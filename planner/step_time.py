@@ -7,8 +7,8 @@ The model, and the few efficiency assumptions it rests on:
   HBM_EFFICIENCY of memory bandwidth; so thin matrices (large tp, small micro batches)
   lose speed the way they do on the device. Backward is two GEMMs of the same size.
 - FSDP copies gathered weights out and gradients in, through HBM, every micro batch.
-- Fused causal attention runs at FlashAttention-2's published speed for its key count
-  and head width, forward and backward apart (`attention.py`).
+- Fused causal attention runs at its kernel's published speed for its key count and
+  head width, forward and backward apart; the preset names the kernel (`attention.py`).
 - Norms, residual adds, rotary, the MLP activation, FP8 casts and the loss are memory
   bound: bytes moved / (HBM_EFFICIENCY x bandwidth).
 - Tensor-parallel collectives (sequence parallel: two all-gathers and two reduce-scatters
