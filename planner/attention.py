@@ -9,7 +9,12 @@ and saturate: speed(n) = peak_fraction x n / (n + half_keys), n = keys per query
 each kernel's figures fitted to its published curves (`attention_kernels.py`).
 
 A causal kernel also computes the diagonal tiles whole and masks half of each: with
-ATTENTION_BLOCK keys per tile and n tiles per row that wastes 1 / (n + 1) of the work.
+ATTENTION_BLOCK keys per tile and n tiles per row that wastes 1 / (n + 1) of the work;
+and its rows carry unequal work, so the blocks holding the last rows finish after the
+rest (CAUSAL_IMBALANCE). The same paper's causal forward curve (FA2, head dim 128:
+191, 260, 298, 319, 333, 335 TFLOP/s from 512 to 16K) sits at 0.91-0.93 of what the
+non-causal fit and the diagonal waste give, from 1K keys up; the backward, with no
+causal curve in text, is charged the same.
 The softmax (exp, max, sum on the FP32 units) costs the same per score whatever the
 head dimension, while the matrix products grow with it, so a narrower head is slower:
 head_dim / (head_dim + HEAD_DIM_SOFTMAX_EQUIVALENT), normalised to 128 (the same curves
@@ -34,7 +39,9 @@ from .hardware import HBM_EFFICIENCY, Hardware
 from .transformer import attention_forward_flops, kv_dim
 
 ATTENTION_BLOCK = 128  # keys per tile of FA2/cuDNN's causal kernels for head dim <= 128
-HEAD_DIM_SOFTMAX_EQUIVALENT = 14.0  # hd 64 at ~0.91 of hd 128 backward (FA3 paper, Fig. 6)
+# FA2 at head dim 64 runs 0.88 (forward) to 0.91 (backward) of head dim 128 (FA3 paper).
+HEAD_DIM_SOFTMAX_EQUIVALENT = 17.0
+CAUSAL_IMBALANCE = 0.92  # causal FA2 forward against the non-causal fit (above)
 REFERENCE_HEAD_DIM = 128
 ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forward (Dao 2023)
 # Merging one ring step's partial output: read it (BF16) and the running FP32 sum, write
@@ -76,7 +83,7 @@ def kernel_efficiency(
     diagonal = 1.0
     if causal:
         tiles = max(1.0, keys_per_call / ATTENTION_BLOCK)
-        diagonal = tiles / (tiles + 1)
+        diagonal = tiles / (tiles + 1) * CAUSAL_IMBALANCE
     kernel = hardware.attention_kernel
     forward = kernel.forward_peak_fraction * _saturation(keys, kernel.forward_half_keys)
     backward = kernel.backward_peak_fraction * _saturation(keys, kernel.backward_half_keys)

@@ -7,7 +7,12 @@ import dataclasses
 import pytest
 
 from contract import ModelShape
-from planner.attention import attention_time, head_dim_factor, kernel_efficiency
+from planner.attention import (
+    CAUSAL_IMBALANCE,
+    attention_time,
+    head_dim_factor,
+    kernel_efficiency,
+)
 from planner.attention_kernels import CUDNN_HOPPER, H100_BF16_PEAK
 from planner.collectives import Fabric
 from planner.hardware import HARDWARE, Network
@@ -33,20 +38,32 @@ def test_the_fit_reproduces_the_published_flashattention2_curve(keys: int) -> No
 def test_speed_rises_with_sequence_length_and_levels_off() -> None:
     speeds = [kernel_efficiency(H100, n, 128, causal=True)[1] for n in (2048, 8192, 131072)]
     assert speeds == sorted(speeds)
-    assert speeds[-1] == pytest.approx(H100.attention_kernel.backward_peak_fraction, rel=0.01)
+    peak = H100.attention_kernel.backward_peak_fraction
+    assert speeds[-1] == pytest.approx(peak * CAUSAL_IMBALANCE, rel=0.01)
     assert speeds[0] < 0.85 * speeds[-1]  # short sequences pay the per-tile fixed cost
 
 
-def test_causal_wastes_the_diagonal_tiles() -> None:
+# The same paper's causal forward curve (FA2, head dim 128).
+FA2_CAUSAL_FORWARD = {1024: 260, 2048: 298, 4096: 319, 8192: 333, 16384: 335}
+
+
+@pytest.mark.parametrize("keys", sorted(FA2_CAUSAL_FORWARD))
+def test_causal_calls_follow_the_published_causal_curve(keys: int) -> None:
+    forward = kernel_efficiency(H100, keys, 128, causal=True)[0] * H100_BF16_PEAK / 1e12
+    assert forward == pytest.approx(FA2_CAUSAL_FORWARD[keys], rel=0.05)
+
+
+def test_causal_is_slower_than_dense_over_half_the_keys() -> None:
+    # A causal query meets half its keys on average, but pays for the diagonal tiles.
     causal = kernel_efficiency(H100, 1024, 128, causal=True)[0]
-    # A causal query meets 512 keys on average; the diagonal tiles cost it 1/9 more.
     dense = kernel_efficiency(H100, 512, 128, causal=False)[0]
-    assert causal == pytest.approx(dense * 8 / 9)
+    assert causal < dense * 8 / 9
 
 
 def test_narrow_heads_are_slower_and_wide_ones_no_faster() -> None:
     assert head_dim_factor(128) == 1.0 and head_dim_factor(256) == 1.0
-    assert head_dim_factor(64) == pytest.approx(0.91, abs=0.01)  # FA2 backward, hd 64 vs 128
+    # FA2 at head dim 64: 0.88 of head dim 128 forward, 0.91 backward (FA3 paper).
+    assert 0.87 < head_dim_factor(64) < 0.92
 
 
 def test_a_faster_kernel_makes_long_context_faster() -> None:
@@ -61,8 +78,9 @@ def test_context_parallel_splits_attention_evenly() -> None:
     whole = attention_time(LLAMA3_8B, H100, FABRIC, 1, 1, seq, seq)
     quarter = attention_time(LLAMA3_8B, H100, FABRIC, 1, 4, seq // 4, seq)
     # Load-balanced chunks: each of 4 ranks does a quarter of the causal work, at the
-    # speed of calls over 16K-32K keys, which is close to the full sequence's speed.
-    assert quarter.forward_s == pytest.approx(whole.forward_s / 4, rel=0.05)
+    # speed of calls over 16K-32K keys; three of its four calls are dense blocks, free of
+    # the causal kernel's row imbalance, so a quarter takes a little under a quarter.
+    assert 0.9 * whole.forward_s / 4 < quarter.forward_s < whole.forward_s / 4
     assert quarter.cp_merge_s > 0
 
 
