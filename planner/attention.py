@@ -15,11 +15,12 @@ rest (CAUSAL_IMBALANCE). The same paper's causal forward curve (FA2, head dim 12
 191, 260, 298, 319, 333, 335 TFLOP/s from 512 to 16K) sits at 0.91-0.93 of what the
 non-causal fit and the diagonal waste give, from 1K keys up; the backward, with no
 causal curve in text, is charged the same.
+
 The softmax (exp, max, sum on the FP32 units) costs the same per score whatever the
 head dimension, while the matrix products grow with it, so a narrower head is slower:
-head_dim / (head_dim + HEAD_DIM_SOFTMAX_EQUIVALENT), normalised to 128 (the same curves
-give head dim 64 about 0.9 of head dim 128 backward); kernels tile widest heads no
-better than 128, so wider heads are charged as 128.
+head_dim / (head_dim + HEAD_DIM_SOFTMAX_EQUIVALENT), normalised to 128 (the same paper's
+head dim 64 curves run at 0.88-0.91 of head dim 128); FA2 tiles wider heads no better
+than 128 (its head dim 256 curve is slower still), so wider heads are charged as 128.
 
 Context parallel (Megatron-LM / Transformer Engine ring attention with the load-balanced
 2 x cp chunking, Liu et al. 2023 Ring Attention): each rank runs cp kernel calls per
