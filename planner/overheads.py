@@ -25,7 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GPU_KERNEL_GAP_S = 1e-6  # Gray 2019, above: 3.8 us per launch of a 2.9 us kernel
-HOST_OP_S = 8e-6  # eager PyTorch's host time per op, of which cudaLaunchKernel ~2-3 us
+# Eager PyTorch's host time per op: cudaLaunchKernel alone is ~2-3 us (Gray 2019, above);
+# Python, the dispatcher and autograd add a few more. An estimate, not a measurement: it
+# only binds when a layer's kernels average under ~8 us, i.e. tiny micro batches.
+HOST_OP_S = 8e-6
 FORWARD_KERNELS = 11  # 2 norms, 4 GEMMs, rotary, attention, activation, 2 residual adds
 BACKWARD_KERNELS = 19  # 8 GEMMs, attention, 2 norms, rotary, activation, adds, grad sums
 TP_COLLECTIVES_EACH_WAY = 4  # sequence parallel: 2 all-gathers + 2 reduce-scatters
