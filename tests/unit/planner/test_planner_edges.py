@@ -52,6 +52,17 @@ def test_kernel_counts_grow_with_tensor_parallel_fp8_cp_and_recompute() -> None:
     assert layer_kernels(1, 1, "bf16", "full").backward == plain.backward + plain.forward
 
 
+def test_short_steps_on_many_nodes_pay_the_rings_latency() -> None:
+    # A 1B model, one 2K sequence per GPU: ~40 ms of compute. NCCL's all-gather and
+    # reduce-scatter are rings, so at 512 nodes each crosses 511 NIC hops.
+    small = MODEL_PRESETS["llama3-1b"]
+    exposed = [
+        estimate_step(small, H100, FABRIC, layout(dp=dp, zero_stage=3), 2048, 1).dp_comm_s
+        for dp in (64, 4096)
+    ]
+    assert exposed[1] > 2 * exposed[0]
+
+
 def test_a_layers_parts_add_up_to_its_time() -> None:
     for recompute in ("none", "selective", "full"):
         layer = layer_time(
