@@ -165,8 +165,9 @@ def main() -> None:
         loo = held_out.get(row["id"])
         loo_text = f" {loo['relative_error']:>+8.1%}" if loo else (" " * 9 if held_out else "")
         mark = "" if row["scored"] else "  [not scored]"
+        shown = f"{predicted:.1f}" if predicted is not None else "-"
         print(
-            f"{row['id']:34} {row['edge']:12} {predicted or 0:>10.1f} "
+            f"{row['id']:34} {row['edge']:12} {shown:>10} "
             f"{row['reported_tokens_per_s_per_gpu']:>9.1f} {error:>8}{loo_text}  "
             f"{row.get('chosen', row.get('error', ''))}{mark}"
         )
