@@ -6,6 +6,15 @@ set for it, the worker's run config, exit codes and stop reasons. Dependencies p
 way, `client -> HTTP -> service -> contract <- worker`, and `make lint` keeps them so.
 """
 
+from .dataset import (
+    DatasetIndex,
+    DatasetIndexError,
+    DatasetProblem,
+    TokenizerIdentity,
+    check_dataset,
+    dataset_problems,
+    read_dataset_index,
+)
 from .exit_codes import ExitCode
 from .layout import (
     Float8Scaling,
@@ -24,6 +33,9 @@ from .run_config import ResumePoint, WorkerRunConfig
 from .stop_reasons import StopReason
 
 __all__ = [
+    "DatasetIndex",
+    "DatasetIndexError",
+    "DatasetProblem",
     "ExitCode",
     "Float8Scaling",
     "LayoutProblem",
@@ -35,8 +47,12 @@ __all__ = [
     "Recompute",
     "ResumePoint",
     "StopReason",
+    "TokenizerIdentity",
     "WorkerRunConfig",
+    "check_dataset",
+    "dataset_problems",
     "degree_problems",
     "layout_problems",
+    "read_dataset_index",
     "schedule_problems",
 ]

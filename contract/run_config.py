@@ -40,6 +40,12 @@ class WorkerRunConfig(Frozen):
     keep_checkpoints: int = Field(default=3, ge=1, description="Committed checkpoints kept.")
     data: str = Field(default="builtin", description="'builtin' or a folder of token shards.")
     data_cache_dir: str = Field(description="Where the builtin corpus is packed into shards.")
+    eval_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Report the loss on the data's held-out split every N steps (a folder "
+        "from `runyard data prepare`); None: no evaluation.",
+    )
     resume_from: ResumePoint | None = Field(default=None, description="None: start fresh.")
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
 

@@ -124,6 +124,9 @@ class Reporter:
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
         """Tell the service the run trained all its steps (blocks, bounded)."""
 
+    def validation(self, step: int, loss: float) -> None:
+        """Record the held-out loss at `step` (never blocks)."""
+
     def close(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (for at most `drain_timeout_s`) and stop."""
 
@@ -154,6 +157,9 @@ class FileReporter(Reporter):
 
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
         self._append("finish", final_step=final_step, final_checkpoint_step=final_checkpoint_step)
+
+    def validation(self, step: int, loss: float) -> None:
+        self._append("validation", step=step, loss=loss)
 
 
 class HttpReporter(Reporter):

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from contract import ExitCode, ResumePoint, WorkerRunConfig
+from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
 from worker import checkpoint
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
@@ -35,6 +35,7 @@ from worker.distributed import (
     shutdown_distributed,
 )
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
+from worker.evaluate import Evaluator
 from worker.faults import maybe_crash
 from worker.parallel import ParallelDims, build_training_model, check_supported
 from worker.parallel.data_parallel import clip_grad_norm
@@ -108,6 +109,10 @@ def _event_on_signal(signum: signal.Signals) -> Iterator[threading.Event]:
 def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> TrainResult:
     """Train `config` from its resume point to config.steps, checkpointing on the way."""
     check_supported(config.layout)  # before any collective: every rank refuses alike
+    # So is data prepared for another vocabulary (the service asks the same at submission).
+    problems = check_dataset(config.data, config.model, config.seq_len, config.eval_every)
+    if problems:
+        raise DoNotRetryError("; ".join(f"{p.field}: {p.message}" for p in problems))
     device = pick_device(launch.local_rank)
     init_distributed(launch, device)
     try:
@@ -149,6 +154,7 @@ def train_loop(
     if stream.vocab > config.model.vocab:
         raise DoNotRetryError(f"data vocab {stream.vocab} exceeds model.vocab {config.model.vocab}")
     batches = TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
+    evaluator = Evaluator(config, dims, device) if config.eval_every else None
 
     # Model and optimizers: this rank's shards of its pipeline stages, seeded alike everywhere.
     model = build_training_model(config, dims, device, next_token_loss)
@@ -214,7 +220,8 @@ def train_loop(
 
         checkpoint_due = step % config.checkpoint_every == 0 or step == config.steps
         stop = cancel = False
-        if step >= next_report_step or checkpoint_due:
+        eval_due = evaluator is not None and evaluator.due(step)
+        if step >= next_report_step or checkpoint_due or eval_due:
             # sync (host and ranks): the window's losses come back, and with them any
             # rank's reason to stop (the service cancelling the run, seen by rank 0;
             # Slurm's time-limit signal, which ranks may see at different steps), so that
@@ -225,6 +232,11 @@ def train_loop(
                 stop_requested=cancel or time_limit_near.is_set(),
                 steps_to_next_report=steps_per_report_wish if is_rank0 else 0,
             )
+            if evaluator is not None and eval_due:  # between windows: in no step's time
+                val_loss = evaluator.loss(model)
+                if is_rank0:
+                    print(f"eval step {step} val_loss {val_loss:.4f}", flush=True)
+                    reporter.validation(step, val_loss)
             window = ReportWindow(device)
             stop, next_report_step = report.stop, step + report.steps_to_next_report
             steps_per_report_wish = max(
