@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -208,6 +209,13 @@ class AsyncCheckpointer:
     of their own, so they never interleave with training's collectives on the default group.
     Rank 0's save completes only after it gathered every rank's results, so once its future
     is done every rank's files are on disk, and rank 0 commits without another collective.
+
+    One stager serves every save: it keeps a host copy of this rank's state and copies into
+    it again each time (only the first save allocates it). With a fresh stager per save,
+    the allocation's page faults made the copy, and so the time training waits, 3-5x
+    longer (bench/checkpoint.py: 0.8 s instead of ~0.2 s for 0.6 GB). Reusing the copy is
+    safe because only one save is ever in flight. On a GPU the copy is pinned, so the
+    device-to-host transfer runs at full PCIe speed.
     """
 
     def __init__(self, checkpoint_dir: Path, state: dict[str, Stateful]) -> None:
@@ -215,6 +223,14 @@ class AsyncCheckpointer:
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
         self.in_flight: _InFlight | None = None
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(),
+                use_shared_memory=False,  # the writer is a thread of this process
+                use_async_staging=False,  # the copy must finish before the next step
+                use_non_blocking_copy=False,
+            )
+        )
 
     def save(self, step: int) -> None:
         """Start saving `step`; call wait() first if a save is in flight (two at once would
@@ -224,7 +240,9 @@ class AsyncCheckpointer:
         path = step_folder(self.checkpoint_dir, step)
         _remove_stale(path, self.rank)
         start = time.perf_counter()
-        response = dcp.async_save(self.state, checkpoint_id=path, process_group=self.group)
+        response = dcp.async_save(
+            self.state, checkpoint_id=path, process_group=self.group, async_stager=self.stager
+        )
         future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
         self.in_flight = _InFlight(step, path, future, start, time.perf_counter() - start)
 

@@ -105,3 +105,39 @@ def test_load_refuses_an_uncommitted_folder(tmp_path: Path) -> None:
     folder = make_folder(tmp_path, 5, committed=False)
     with pytest.raises(CheckpointNotCommittedError, match="COMMITTED"):
         checkpoint.load(folder, {})
+
+
+def test_async_saves_reuse_the_host_copy_yet_each_holds_its_own_values(
+    tmp_path: Path, one_rank_world: None
+) -> None:
+    """The AsyncCheckpointer copies into the same host buffers at every save: a second save
+    must write the weights of its own step, and the first must keep those of its step."""
+    model = build_model(
+        ModelShape(**TINY_MODEL), seed=0, device=torch.device("cpu"), max_seq_len=16
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainer = checkpoint.TrainerState()
+    state = checkpoint.training_state([model], [optimizer], trainer, rank=0)
+    saver = checkpoint.AsyncCheckpointer(tmp_path, state)
+    weights = {}
+    for step in (1, 2):
+        model(torch.randint(0, 256, (2, 16))).sum().backward()
+        optimizer.step()  # new weights (and moments) for this step
+        optimizer.zero_grad()
+        trainer.step = step
+        weights[step] = model.output.weight.detach().clone()
+        saver.save(step)
+        model.output.weight.data.add_(1.0)  # training goes on while the files are written
+        assert saver.wait() is not None
+    assert not torch.equal(weights[1], weights[2])
+    for step in (1, 2):
+        fresh = build_model(
+            ModelShape(**TINY_MODEL), seed=1, device=torch.device("cpu"), max_seq_len=16
+        )
+        fresh_trainer = checkpoint.TrainerState()
+        fresh_state = checkpoint.training_state(
+            [fresh], [torch.optim.AdamW(fresh.parameters(), lr=1e-3)], fresh_trainer, 0
+        )
+        checkpoint.load(checkpoint.step_folder(tmp_path, step), fresh_state)
+        assert fresh_trainer.step == step
+        assert torch.equal(fresh.output.weight, weights[step]), step
