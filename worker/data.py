@@ -3,7 +3,9 @@
 On disk a corpus is a folder of flat token files (`shard_00000.bin`, ...) plus `index.json`
 naming them; `index.json` is written last, so a folder with an index is complete. The
 builtin corpus needs no download: the bytes of this Python's own standard-library sources
-(byte-level tokens, vocab 256), packed once under `<data_cache_dir>/builtin-v1/`.
+(byte-level tokens, vocab 256), packed once under `<data_cache_dir>/builtin-v1/`. A team's own
+corpus comes from `runyard data prepare` (worker/data_prepare/): the same shards, plus a
+held-out "validation" split and the tokenizer's identity (contract.dataset.DatasetIndex).
 
 Which sequences make up a step depends only on (seed, step): global sequence
 `step * global_batch + j` maps to a window of the token stream through a seeded bijection.

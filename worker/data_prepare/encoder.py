@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ def start_process(settings: EncoderSettings) -> None:
     threading.Thread(
         target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
     ).start()
+    # Ctrl-C reaches the whole process group: the prepare itself stops the pool, in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     load_encoder(settings)
 

@@ -16,7 +16,7 @@ import signal
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def prepare_dataset(
     found = find_sources(sources)
     units = plan_units(found, settings.text_field, settings.unit_bytes)
     plan = {
-        "settings": {k: v for k, v in vars(settings).items()},
+        "settings": asdict(settings),
         "tokenizer": identity.model_dump(),
         "inputs": fingerprint(found),
         "units": [u.to_json() for u in units],
