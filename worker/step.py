@@ -25,7 +25,7 @@ from contract import WorkerRunConfig
 from worker.data import TokenBatches
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence
-from worker.parallel.data_parallel import set_micro_batch_sync
+from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -102,6 +102,29 @@ def forward_backward(
         (loss / accum).backward()
         total += loss.detach()
     return total, accum
+
+
+def train_step(
+    model: TrainingModel,
+    optimizers: list[torch.optim.Optimizer],
+    batches: TokenBatches,
+    step: int,
+    lr: float,
+    config: WorkerRunConfig,
+    dims: ParallelDims,
+    device: torch.device,
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """One optimizer step, without a host sync: returns the rank's loss sum and its count
+    (as forward_backward) and the global gradient norm before clipping, on the device."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # a Python float: AdamW reads it on the host
+    loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
+    grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss_sum, num_losses, grad_norm
 
 
 @dataclass(frozen=True)

@@ -38,15 +38,8 @@ from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.evaluate import Evaluator
 from worker.faults import maybe_crash
 from worker.parallel import ParallelDims, build_training_model, check_supported
-from worker.parallel.data_parallel import clip_grad_norm
 from worker.reporter import FileReporter, Reporter
-from worker.step import (
-    ReportWindow,
-    WindowReport,
-    build_optimizer,
-    forward_backward,
-    next_token_loss,
-)
+from worker.step import ReportWindow, WindowReport, build_optimizer, next_token_loss, train_step
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
 # At most this many steps between two reports: bounds the device values a window holds
@@ -194,7 +187,6 @@ def train_loop(
             checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
 
     tokens_per_step = config.global_batch * config.seq_len
-    pp_mesh = dims.mesh("pp")
     # Reports are the loop's only host syncs. Every rank must report on the same steps (a
     # report is a collective), so the cadence is counted in steps: every step at first,
     # then as many as take about report_interval_s, as rank 0 measured and told the others
@@ -204,16 +196,11 @@ def train_loop(
 
     for step in range(trainer.step + 1, config.steps + 1):
         lr = lr_at(step, config)
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = lr  # a Python float: AdamW reads it on the host, no sync
-        # Collectives inside (gradient reduction, the norm's all-reduce) are queued on the
-        # device like kernels: ranks meet there, the host does not wait for them.
-        loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
-        grad_norm = clip_grad_norm(model.parts, config.grad_clip, pp_mesh)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
+        # queued on the device like kernels; ranks meet there, the host does not wait.
+        loss_sum, num_losses, grad_norm = train_step(
+            model, optimizers, batches, step, lr, config, dims, device
+        )
         window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
         trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
         trainer.consumed_tokens += tokens_per_step
