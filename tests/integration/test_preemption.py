@@ -78,6 +78,7 @@ def test_prod_run_preempts_a_scavenger_run(
             ),
             timeout_s=60,
         )
+        assert (stopped["stop_reason"], stopped["stopped_for_run_id"]) == ("preempted", prod)
         assert f"preempted by run {prod}" in stopped["end_reason"]
         asked = next(
             e for e in client.run_events(scavenger) if e["kind"] == "attempt.stop_requested"
@@ -124,7 +125,8 @@ def test_a_run_longer_than_its_time_limit_runs_as_segments(
     wait_for("the run to finish", lambda: succeeded(client, run_id), timeout_s=240)
     final = client.get_run(run_id)
     stopped = [a for a in final["attempts"] if a["state"] == "STOPPED"]
-    assert stopped and all("segment time limit" in a["end_reason"] for a in stopped)
+    assert stopped and all(a["stop_reason"] == "time_limit" for a in stopped)
+    assert all("segment time limit" in a["end_reason"] for a in stopped)
     assert final["num_restarts"] == 0, "a segment boundary is not a failure"
     for before, after in zip(final["attempts"], final["attempts"][1:], strict=False):
         assert after["resume_step"] is not None and after["resume_step"] > (
