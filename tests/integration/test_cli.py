@@ -27,14 +27,21 @@ def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
 def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> None:
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec("from-cli", steps=20, checkpoint_every=10)))
+    code, out = cli(service, "run", "submit", str(spec), "--dry-run", "--json")
+    assert code == 0, out
+    decided = json.loads(out)
+    code, out = cli(service, "run", "list", "--json")
+    assert "from-cli" not in [r["name"] for r in json.loads(out)["items"]]  # nothing created
     code, out = cli(service, "run", "submit", str(spec), "--json")
     assert code == 0, out
     run_id = json.loads(out)["id"]
+    assert json.loads(out)["layout"] == decided["layout"]
 
     code, out = cli(service, "run", "list", "--json")
     assert code == 0 and run_id in [r["id"] for r in json.loads(out)["items"]]
     code, out = cli(service, "run", "show", str(run_id))
     assert code == 0 and "from-cli" in out
+    assert f"dp={decided['layout']['dp']} " in out and "(planned)" in out
 
     code, out = cli(
         service, "run", "watch", str(run_id), "--interval-s", "0.5", "--timeout-s", "120"
@@ -53,7 +60,8 @@ def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> 
 
 def test_refusals_are_one_line_with_a_nonzero_exit(service: ServiceProcess, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**tiny_spec("x"), "global_batch": 7}))
+    # dp pinned to the 2 ranks: 7 sequences cannot split (left on auto, the planner pipelines).
+    bad.write_text(yaml.safe_dump({**tiny_spec("x"), "global_batch": 7, "parallelism": {"dp": 2}}))
     code, out = cli(service, "run", "submit", str(bad))
     assert code == Exit.ERROR
     assert "global_batch" in out and "Traceback" not in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -78,7 +79,7 @@ def losses(metrics: list[dict], attempt_id: int) -> dict[int, float]:
 
 def test_killed_rank_restarts_from_last_commit(service: ServiceProcess) -> None:
     client = service.client()
-    run = client.submit_run(tiny_spec("kill-a-rank", steps=160))
+    run = client.submit_run(tiny_spec("kill-a-rank", steps=200))
     run_id = run["id"]
 
     def attempt(n: int) -> dict | None:
@@ -89,16 +90,26 @@ def test_killed_rank_restarts_from_last_commit(service: ServiceProcess) -> None:
         return [c["step"] for c in client.run_checkpoints(run_id) if c["state"] != "WRITING"]
 
     # Kill once attempt 1 has committed a checkpoint and reported steps past it, so the
-    # steps after the commit are trained twice and their losses can be compared.
+    # steps after the commit are trained twice and their losses can be compared. Ranks
+    # report in windows of about two seconds of steps, so "reported past the commit" is
+    # checked with a rank frozen (SIGSTOP): its peer then waits in a collective, and neither
+    # can report or commit more while the test looks.
     first_commit = wait_for("a committed checkpoint", lambda: committed_steps())[0]
     first = attempt(1)
     assert first is not None
-    wait_for(
-        "steps past the checkpoint",
-        lambda: max(losses(client.run_metrics(run_id), first["id"]), default=0) >= first_commit + 5,
-    )
     pids = wait_for("the rank processes", lambda: rank_pids(service.url, first["id"]))
     assert len(pids) == 2
+
+    def frozen_past_a_commit() -> bool:
+        os.kill(pids[-1], signal.SIGSTOP)
+        time.sleep(1.0)  # reports already on their way land
+        reported = max(losses(client.run_metrics(run_id), first["id"]), default=0)
+        if reported > max(committed_steps()):
+            return True
+        os.kill(pids[-1], signal.SIGCONT)
+        return False
+
+    wait_for("attempt 1 frozen past its newest commit", frozen_past_a_commit, interval_s=0.5)
     os.kill(pids[-1], signal.SIGKILL)
 
     second = wait_for("attempt 2", lambda: attempt(2), timeout_s=90)
@@ -120,7 +131,10 @@ def test_killed_rank_restarts_from_last_commit(service: ServiceProcess) -> None:
     after = losses(metrics, final["attempts"][1]["id"])
     assert min(after) == resume + 1, "attempt 2 must continue right after the committed step"
     overlap = sorted(set(before) & set(after))
-    assert overlap, "attempt 1 must have trained past the checkpoint attempt 2 resumed from"
+    assert overlap, (
+        "attempt 1 must have trained past the checkpoint attempt 2 resumed from: "
+        f"attempt 1 reported steps {sorted(before)[-5:]}, attempt 2 resumed at {resume}"
+    )
     for step in overlap:
         assert after[step] == pytest.approx(before[step], rel=1e-4), f"loss differs at {step}"
 
