@@ -9,20 +9,28 @@ alone: not on the number of processes, and not on how often the prepare was inte
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
 import signal
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from contract.dataset import INDEX_FILE, DatasetIndex, TokenSplit, dtype_for_vocab
+from contract.dataset import (
+    INDEX_FILE,
+    DatasetIndex,
+    TokenizerIdentity,
+    TokenSplit,
+    dtype_for_vocab,
+)
 from worker.files import write_atomic
 
 from .encoder import (
@@ -34,7 +42,7 @@ from .encoder import (
     start_process,
 )
 from .errors import PrepareError
-from .sources import UNIT_BYTES, find_sources, fingerprint, plan_units
+from .sources import UNIT_BYTES, Unit, find_sources, fingerprint, plan_units
 from .writer import Journal, ShardAppender
 
 SHARD_TOKENS = 32 * 1024 * 1024  # tokens per shard file: 128 MiB at uint32
@@ -78,6 +86,22 @@ def _check_settings(settings: PrepareSettings) -> None:
         raise PrepareError("shard_tokens and unit_bytes must be positive")
 
 
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold `out` for one prepare at a time (two would interleave their writes)."""
+    if out.exists() and not (out / WORK_DIR).exists() and any(out.iterdir()):
+        raise PrepareError(f"{out} is not empty and holds no prepare: choose an empty --out")
+    (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
+    with open(out / WORK_DIR / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PrepareError(
+                f"{out}: another prepare is writing there; wait for it or choose another --out"
+            ) from None
+        yield  # the lock goes with the file's closing
+
+
 def _claim_output(out: Path, plan: dict[str, Any]) -> bool:
     """Make `out` ours; True when it holds this very prepare, interrupted (or finished)."""
     plan_path = out / WORK_DIR / "plan.json"
@@ -92,9 +116,8 @@ def _claim_output(out: Path, plan: dict[str, Any]) -> bool:
             stale.unlink()
     elif plan_path.exists():
         return True
-    if out.exists() and any(p.name != WORK_DIR for p in out.iterdir()):
+    if any(p.name != WORK_DIR for p in out.iterdir()):
         raise PrepareError(f"{out} is not empty and holds no prepare: choose an empty --out")
-    (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
     write_atomic(plan_path, json.dumps(plan).encode())
     return False
 
@@ -126,7 +149,25 @@ def prepare_dataset(
         "inputs": fingerprint(found),
         "units": [u.to_json() for u in units],
     }
-    resumed = _claim_output(out, plan)
+    with _exclusive(out):
+        resumed = _claim_output(out, plan)
+        workers = num_workers or os.cpu_count() or 1
+        return _write_dataset(
+            out, units, tokenizer_dir, identity, settings, resumed, workers, on_progress
+        )
+
+
+def _write_dataset(
+    out: Path,
+    units: list[Unit],
+    tokenizer_dir: Path,
+    identity: TokenizerIdentity,
+    settings: PrepareSettings,
+    resumed: bool,
+    num_workers: int,
+    on_progress: Callable[[PrepareProgress], None] | None,
+) -> DatasetIndex:
+    """The units not yet journaled, then the index (the caller holds the output's lock)."""
     if (out / INDEX_FILE).exists():  # finished before: nothing to do
         return DatasetIndex.model_validate_json((out / INDEX_FILE).read_text())
 
@@ -176,17 +217,17 @@ def prepare_dataset(
         seed=settings.seed,
         num_units=len(units),
     )
-    _run_pool(units[len(done) :], len(done), encoder, num_workers or os.cpu_count() or 1, write)
+    _run_pool(units[len(done) :], len(done), encoder, num_workers, write)
 
     if train.num_tokens == 0:
-        raise PrepareError(f"{', '.join(map(str, sources))}: no training tokens (empty input?)")
+        raise PrepareError(f"{out}: no training tokens (are the inputs empty?)")
     index = DatasetIndex(
         format=2,
         dtype=dtype_for_vocab(identity.vocab),
         vocab=identity.vocab,
         num_tokens=train.num_tokens,
         sha256=train.sha256(),
-        source=", ".join(str(s) for s in sources),
+        source=", ".join(sorted({p for u in units for p in u.paths})),
         shards=train.shards(),
         num_documents=num_documents,
         validation=TokenSplit(
@@ -203,7 +244,7 @@ def prepare_dataset(
 
 
 def _run_pool(
-    units: list[Any],
+    units: list[Unit],
     first_number: int,
     encoder: EncoderSettings,
     num_workers: int,
@@ -229,5 +270,9 @@ def _run_pool(
                 pending.append(pool.submit(encode_unit, first_number + next_unit, units[next_unit]))
                 next_unit += 1
             write(pending.popleft().result())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        # Interrupted or failed: do not wait for the units in flight (nothing of theirs
+        # is written; the journal says where to go on from).
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

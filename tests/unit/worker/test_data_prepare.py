@@ -5,6 +5,7 @@ errors for files that are not what they claim to be."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -221,6 +222,11 @@ def test_refusals_before_any_work(tmp_path: Path, texts: list[str], tokenizer_di
     (tmp_path / "busy" / "mine.txt").write_text("keep")
     with pytest.raises(PrepareError, match="not empty"):
         prepare_dataset([source], tokenizer_dir, tmp_path / "busy", PrepareSettings(), 1)
+    (tmp_path / "held" / ".prepare").mkdir(parents=True)
+    with open(tmp_path / "held" / ".prepare" / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a prepare still running there holds it
+        with pytest.raises(PrepareError, match="another prepare is writing there"):
+            prepare_dataset([source], tokenizer_dir, tmp_path / "held", PrepareSettings(), 1)
     with pytest.raises(PrepareError, match="--val-fraction"):
         prepare_dataset([source], tokenizer_dir, tmp_path / "x", PrepareSettings(val_fraction=1))
     assert os.listdir(tmp_path / "busy") == ["mine.txt"]
