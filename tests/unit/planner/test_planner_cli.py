@@ -69,7 +69,11 @@ def test_explicit_shape_plans_without_a_preset() -> None:
     [
         (["--model", "gpt-17"], 2, "unknown model 'gpt-17'"),
         (["--layers", "8"], 2, "missing --hidden"),
-        (["--model", "llama3-8b", "--tp", "16"], 2, "error: tp (16) must divide the model's kv_heads (8)"),
+        (
+            ["--model", "llama3-8b", "--tp", "16"],
+            2,
+            "error: tp (16) must divide the model's kv_heads (8)",
+        ),
         (["--model", "llama3-8b", "--mlp", "relu"], 2, "--mlp must be swiglu or gelu"),
         (["--model", "llama3-405b", "--tp", "8", "--pp", "1", "--cp", "1"], 1, "does not fit"),
     ],
