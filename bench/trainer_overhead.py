@@ -112,7 +112,7 @@ class Lockstep(Reporter):
                 self.ours_started[step] = Clocks.now()
             return self.original(batches, step, micro_step, *rest)
 
-        TokenBatches.micro_batch = micro_batch  # type: ignore[method-assign]
+        TokenBatches.micro_batch = micro_batch  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

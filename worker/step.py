@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,7 @@ def forward_backward(
 
 def train_step(
     model: TrainingModel,
-    optimizers: list[torch.optim.Optimizer],
+    optimizers: Sequence[torch.optim.Optimizer],
     batches: TokenBatches,
     step: int,
     lr: float,
