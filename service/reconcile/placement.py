@@ -12,14 +12,14 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
-from service.errors import InvalidSpec
 from service.models import Node, NodeState, Run, RunState
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.schemas import RunSpec
-from service.runs.service import resolve, stored_plan
+from service.runs.service import plan_spec, stored_plan
 from service.slurm.client import SlurmClient
 from service.slurm.placement import choose_nodes, placement_cost
 from service.slurm.reservations import delete_reservation, run_reservation
@@ -106,9 +106,9 @@ def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
         # The run allows fewer nodes and checkpoints reshard: continue on what is left.
         spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
         try:
-            _, resolved = resolve(spec)
-        except InvalidSpec as exc:
-            reason = f"cannot shrink to {len(run.nodes)} nodes ({exc.detail}); waiting"
+            _, resolved = plan_spec(spec)
+        except LayoutError as exc:
+            reason = f"cannot shrink to {len(run.nodes)} nodes ({exc}); waiting"
         else:
             old, layout = run.num_nodes, resolved.layout
             run.num_nodes = len(run.nodes)

@@ -8,13 +8,13 @@ from sqlalchemy.orm import Session
 
 from contract import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
 from planner.hardware import hardware_named
+from planner.presets import MODEL_PRESETS
 from planner.resolve import LayoutError, Resolved, resolve_layout
 from service.auth.principal import Principal
 from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.models import Attempt, Run, RunState, Team
-from service.plans.service import shape_of
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
@@ -22,9 +22,20 @@ from service.runs.schemas import AttemptOut, RunDecision, RunOut, RunSpec
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
-    shape = shape_of(spec.model)
+    """The spec's model as a shape; a LayoutError names the field when the worker cannot
+    train it."""
+    if isinstance(spec.model, ModelShape):
+        shape = spec.model
+    elif spec.model in MODEL_PRESETS:
+        shape = MODEL_PRESETS[spec.model]
+    else:
+        raise LayoutError(
+            "model",
+            f"unknown preset '{spec.model}'; use one of {', '.join(MODEL_PRESETS)} "
+            "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}",
+        )
     if shape.mlp != "swiglu":
-        raise InvalidSpec("model.mlp: the worker trains SwiGLU models only; use mlp: swiglu")
+        raise LayoutError("model.mlp", "the worker trains SwiGLU models only; use mlp: swiglu")
     return shape
 
 
@@ -52,9 +63,10 @@ def worker_precision(settings: Settings) -> Precision:
     return Precision.FP32 if settings.accelerator == "cpu" else Precision.BF16
 
 
-def resolve(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
-    """The layout and plan this spec runs with (every unpinned degree from the planner's
-    search, as `runyard plan` answers), or a 422 naming the field to change."""
+def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
+    """The layout and plan this spec runs with: every unpinned degree from the planner's
+    search, as `runyard plan` answers. Raises LayoutError naming the spec field to change;
+    the API turns it into a 422 (`resolve`), the reconciler into a reason to wait."""
     settings = settings or get_settings()
     shape = model_shape(spec)
     pinned = {} if spec.parallelism == "auto" else spec.parallelism.model_dump(exclude_none=True)
@@ -64,27 +76,33 @@ def resolve(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape
             if settings.accelerator == "cpu"
             else f"{settings.hardware} has no FP8 tensor cores"
         )
-        raise InvalidSpec(f"parallelism.precision: fp8 cannot run here ({where}); use bf16")
+        raise LayoutError("parallelism.precision", f"fp8 cannot run here ({where}); use bf16")
     if spec.checkpoint_every > spec.steps:
-        raise InvalidSpec(
-            f"checkpoint_every: {spec.checkpoint_every} is more than steps "
-            f"({spec.steps}); the run would only checkpoint at its end"
+        raise LayoutError(
+            "checkpoint_every",
+            f"{spec.checkpoint_every} is more than steps ({spec.steps}); the run would only "
+            "checkpoint at its end",
         )
+    resolved = resolve_layout(
+        shape=shape,
+        world_size=spec.nodes * spec.gpus_per_node,
+        gpus_per_node=spec.gpus_per_node,
+        global_batch=spec.global_batch,
+        seq_len=spec.seq_len,
+        pinned=pinned,
+        hardware=settings.hardware,
+        network=settings.network,
+        worker_precision=worker_precision(settings),
+    )
+    return shape, resolved
+
+
+def resolve(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
+    """`plan_spec` for the API: a spec that cannot run is a 422 naming the field to change."""
     try:
-        resolved = resolve_layout(
-            shape=shape,
-            world_size=spec.nodes * spec.gpus_per_node,
-            gpus_per_node=spec.gpus_per_node,
-            global_batch=spec.global_batch,
-            seq_len=spec.seq_len,
-            pinned=pinned,
-            hardware=settings.hardware,
-            network=settings.network,
-            worker_precision=worker_precision(settings),
-        )
+        return plan_spec(spec, settings)
     except LayoutError as exc:
         raise InvalidSpec(str(exc)) from exc
-    return shape, resolved
 
 
 def stored_plan(resolved: Resolved) -> dict[str, Any]:
