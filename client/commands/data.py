@@ -75,16 +75,20 @@ def prepare(
         rate = progress.tokens / max(time.perf_counter() - start, 1e-9)
         bar.update(task, completed=progress.units_done, tokens=progress.tokens, rate=rate)
 
+    def close_bar(keep: bool) -> None:
+        if task is not None:  # started
+            bar.live.transient = not keep
+            bar.stop()
+
     try:
         index = prepare_dataset(sources, tokenizer, out, settings, workers, show)
     except PrepareError as exc:
-        bar.live.transient = True  # the error alone, on one line
-        bar.stop()
+        close_bar(keep=False)  # the error alone, on one line
         fail(str(exc), Exit.USAGE)
     except KeyboardInterrupt:
-        bar.stop()  # shows how far it got
+        close_bar(keep=True)  # shows how far it got
         fail(f"interrupted: run the same command again to resume into {out}", Exit.ERROR)
-    bar.stop()
+    close_bar(keep=True)
     if json_out:
         print_json(index.model_dump(mode="json"))
         return
