@@ -99,10 +99,17 @@ def adopt_array_nodes(session: Session, run: Run, allocated: list[str], prefix: 
     hold_nodes(session, run, list(allocated), nodes, prefix)
 
 
+def may_shrink(min_nodes: int | None, held: int) -> bool:
+    """A run that lacks nodes continues on the `held` healthy ones it has, rather than
+    waiting, only if its spec allows fewer nodes (min_nodes) and it still holds that many.
+    Pure, so the failure simulation (sim/) shrinks exactly when the service does."""
+    return bool(min_nodes) and held > 0 and min_nodes is not None and min_nodes <= held
+
+
 def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
     """No free node for what the run lacks: continue on fewer nodes if its min_nodes
     allows it and the smaller layout resolves, else say what it waits for."""
-    if run.min_nodes and run.nodes and run.min_nodes <= len(run.nodes):
+    if may_shrink(run.min_nodes, len(run.nodes)):
         # The run allows fewer nodes and checkpoints reshard: continue on what is left.
         spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
         try:

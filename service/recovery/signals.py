@@ -118,6 +118,18 @@ def ingest_node_events(
     return len(inserted)
 
 
+def escalated_action(
+    action: RecoveryAction, app_errors: int, app_errors_before_drain: int
+) -> RecoveryAction:
+    """What a classified signal asks for once the node's count of application-class errors
+    (this one included) is known: a COUNT_AND_ESCALATE row drains the node at the threshold
+    and is only counted below it; every other action stands. Pure, so the failure
+    simulation (sim/) decides whether to drain exactly as the service does."""
+    if action == RecoveryAction.COUNT_AND_ESCALATE and app_errors >= app_errors_before_drain:
+        return RecoveryAction.DRAIN_AND_MOVE
+    return action
+
+
 def _act(session: Session, node_name: str, event: SignalIn, rule: Rule, settings: Settings) -> None:
     action, message = rule.action, event.message
     signal = signal_name(event.kind, event.code)
@@ -125,9 +137,9 @@ def _act(session: Session, node_name: str, event: SignalIn, rule: Rule, settings
         node = session.get(Node, node_name, with_for_update=True)
         assert node is not None
         node.num_app_errors += 1
-        if node.num_app_errors < settings.app_errors_before_drain:
+        action = escalated_action(action, node.num_app_errors, settings.app_errors_before_drain)
+        if action == RecoveryAction.COUNT_AND_ESCALATE:
             return
-        action = RecoveryAction.DRAIN_AND_MOVE
         message = (
             f"{message} ({node.num_app_errors} application-class errors on this node: "
             "escalated to drain)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -44,6 +45,25 @@ def nodes_held_by_runs(session: Session) -> set[str]:
     return {n for nodes in rows for n in nodes}
 
 
+def choose_new_spares(
+    candidates: Sequence[tuple[str, str | None]], spare_switches: Sequence[str | None], count: int
+) -> list[str]:
+    """Up to `count` of the free healthy `candidates` (name, leaf switch) to join a pool whose
+    members sit on `spare_switches`: each pick goes to the switch with the fewest spares so
+    far (then by name), so most failures find a spare on their own switch.
+
+    Pure, so the reconciler and the failure simulation (sim/) choose the same way."""
+    per_switch = Counter(spare_switches)
+    left = sorted(candidates, key=lambda c: c[0])
+    chosen: list[str] = []
+    while len(chosen) < count and left:
+        pick = min(left, key=lambda c: (per_switch[c[1]], c[0]))
+        left.remove(pick)
+        per_switch[pick[1]] += 1
+        chosen.append(pick[0])
+    return chosen
+
+
 def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     """Refill (or shrink) the pool toward its target, then make the reservation match."""
     name = spare_reservation(settings.slurm_job_prefix)
@@ -55,7 +75,6 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
         for extra in spares[target:]:
             set_node_state(session, extra, NodeState.HEALTHY, "released: spare pool shrank")
         if len(spares) < target:
-            per_switch = Counter(s.switch for s in spares)
             candidates = [
                 n
                 for n in session.scalars(
@@ -66,12 +85,14 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
                 ).all()
                 if n.name not in held and (snapshot.is_free(n.name) or n.name in ours)
             ]
-            while len(spares) < target and candidates:
-                # Spread spares over leaf switches, so most failures find one on their switch.
-                pick = min(candidates, key=lambda n: (per_switch[n.switch], n.name))
-                candidates.remove(pick)
+            by_name = {n.name: n for n in candidates}
+            for name in choose_new_spares(
+                [(n.name, n.switch) for n in candidates],
+                [s.switch for s in spares],
+                target - len(spares),
+            ):
+                pick = by_name[name]
                 set_node_state(session, pick, NodeState.SPARE, "joined the spare pool")
-                per_switch[pick.switch] += 1
                 spares.append(pick)
         members = sorted(n.name for n in spares[:target])
     ensure_reservation(slurm, name, members, snapshot.reservations)
