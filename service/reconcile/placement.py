@@ -52,14 +52,22 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 and n.name not in taken
                 and n.name not in run.nodes
             ]
-            # Prefer free nodes on the switches the run already sits on.
-            near = [f for f in free if f[1] in kept_switches]
-            chosen = choose_nodes(near, need) if len(near) >= need else choose_nodes(free, need)
+            chosen = nodes_for_run(free, kept_switches, need)
             if chosen is None:
                 shrink_or_wait(session, run, need, len(free))
                 continue
             taken.update(chosen)
             hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
+
+
+def nodes_for_run(
+    free: list[tuple[str, str | None]], kept_switches: set[str | None], need: int
+) -> list[str] | None:
+    """The `need` free nodes a run gets: on the switches it already sits on when they have
+    enough, else the fewest switches anywhere; None when there are not enough. Pure, so the
+    failure simulation (sim/) places as the service does."""
+    near = [f for f in free if f[1] in kept_switches]
+    return choose_nodes(near, need) if len(near) >= need else choose_nodes(free, need)
 
 
 def hold_nodes(
