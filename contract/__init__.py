@@ -16,6 +16,7 @@ from .dataset import (
     read_dataset_index,
 )
 from .exit_codes import ExitCode
+from .fault_tolerance import ReplicaGroupConfig, group_layout, replica_layout_problems
 from .layout import (
     Float8Scaling,
     LayoutProblem,
@@ -45,6 +46,7 @@ __all__ = [
     "Precision",
     "ProblemKind",
     "Recompute",
+    "ReplicaGroupConfig",
     "ResumePoint",
     "StopReason",
     "TokenizerIdentity",
@@ -52,7 +54,9 @@ __all__ = [
     "check_dataset",
     "dataset_problems",
     "degree_problems",
+    "group_layout",
     "layout_problems",
     "read_dataset_index",
+    "replica_layout_problems",
     "schedule_problems",
 ]

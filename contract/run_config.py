@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from ._frozen import Frozen
+from .fault_tolerance import ReplicaGroupConfig, replica_layout_problems
 from .layout import ParallelLayout, layout_problems
 from .model_shape import ModelShape
 
@@ -48,12 +49,19 @@ class WorkerRunConfig(Frozen):
     )
     resume_from: ResumePoint | None = Field(default=None, description="None: start fresh.")
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
+    fault_tolerance: ReplicaGroupConfig | None = Field(
+        default=None, description="This attempt's replica group; None: one group, no peers."
+    )
 
     @model_validator(mode="after")
     def _layout_fits(self) -> WorkerRunConfig:
         problems = layout_problems(self.model, self.layout, self.seq_len, self.global_batch)
         if problems:
             raise ValueError("; ".join(f"layout.{p.field}: {p.message}" for p in problems))
+        if self.fault_tolerance is not None:
+            groups = replica_layout_problems(self.layout, self.fault_tolerance.groups)
+            if groups:
+                raise ValueError("; ".join(f"layout.{field}: {why}" for field, why in groups))
         return self
 
     @property

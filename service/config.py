@@ -49,6 +49,22 @@ class Settings(BaseSettings):
     worker_python: str | None = Field(
         default=None, description="Python interpreter on compute nodes (default: the service's)."
     )
+    replica_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Replica groups: how long survivors wait on a dead group's collective or "
+        "quorum before stepping without it (torchft's timeout; a 10 s timeout stalled a "
+        "two-group toy for about 5 s).",
+    )
+    lighthouse_command: str = Field(
+        default="torchft_lighthouse",
+        description="The torchft lighthouse executable the service starts per replica-group "
+        "run (a name on PATH or beside the service's Python, or a path).",
+    )
+    lighthouse_host: str = Field(
+        default="127.0.0.1",
+        description="The address compute nodes reach this host at for the lighthouse.",
+    )
     run_reconciler: bool = Field(
         default=True, description="Run the background reconcile loop inside the API process."
     )

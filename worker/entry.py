@@ -36,6 +36,9 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
         from worker.distributed import read_launch_env  # torch from here on
         from worker.train import train
 
+        if config.fault_tolerance is not None:  # one replica group of the run
+            from worker.fault_tolerance import train_replica_group as train
+
         launch = read_launch_env()
         reporter: Reporter = Reporter()
         if launch.rank == 0:  # rank 0 reports progress; other ranks only report their errors

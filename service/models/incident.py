@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, Timestamped, utcnow
+from service.recovery.paths import ClassicBecause, RecoveryPath
 
 
 class RecoveryAction(StrEnum):
@@ -48,6 +49,25 @@ class Incident(Timestamped, Base):
     spare_node: Mapped[str | None] = mapped_column(String(64))
     resume_step: Mapped[int | None] = mapped_column(Integer)
     details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    # Which path recovered the run (recovery/paths.py), and why not the fast one.
+    recovery_path: Mapped[RecoveryPath | None] = mapped_column(
+        Enum(
+            RecoveryPath,
+            name="recovery_path",
+            native_enum=False,
+            length=16,
+            values_callable=lambda c: [m.value for m in c],
+        )
+    )
+    classic_because: Mapped[ClassicBecause | None] = mapped_column(
+        Enum(
+            ClassicBecause,
+            name="classic_because",
+            native_enum=False,
+            length=48,
+            values_callable=lambda c: [m.value for m in c],
+        )
+    )
     # The recovery's timeline: each stamp is written once, when that phase is done.
     signal_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     detected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -119,6 +119,10 @@ class Run(Timestamped, Base):
     )
     sweep_index: Mapped[int | None] = mapped_column(Integer)
     sweep_params: Mapped[dict[str, Any] | None] = mapped_column(JSONB)  # its grid point
+    # Replica-group runs (spec.fault_tolerance): the torchft lighthouse the service started
+    # for the run, and its process id on the service host (recovery/lighthouse.py).
+    lighthouse_addr: Mapped[str | None] = mapped_column(String(128))
+    lighthouse_pid: Mapped[int | None] = mapped_column(Integer)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="run",
@@ -172,6 +176,8 @@ class Attempt(Timestamped, Base):
     # (workers/service.py), so goodput reads attempts instead of every metric row.
     last_step: Mapped[int | None] = mapped_column(Integer)  # highest step reported
     last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Replica-group runs: the group this attempt's job trains (None: the whole run).
+    replica_group: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise", foreign_keys=[run_id])
 

@@ -91,6 +91,16 @@ def live_attempt(run: Run) -> Attempt | None:
     return live[-1] if live else None
 
 
+def replaces_a_group(session: Session, attempt: Attempt) -> bool:
+    """Whether an earlier attempt of the run trained the same replica group."""
+    earlier = select(Attempt.id).where(
+        Attempt.run_id == attempt.run_id,
+        Attempt.replica_group == attempt.replica_group,
+        Attempt.number < attempt.number,
+    )
+    return session.scalars(earlier.limit(1)).first() is not None
+
+
 def checkpoints(session: Session, run_id: int) -> Sequence[Checkpoint]:
     stmt = select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)
     return session.scalars(stmt).all()

@@ -47,6 +47,29 @@ class ParallelismSpec(_Spec):
     fp8_scaling: Float8Scaling | None = None
 
 
+class FaultToleranceSpec(_Spec):
+    """Replica groups for the fast recovery path (docs/design.md, "Fast recovery")."""
+
+    replica_groups: int = Field(
+        ge=1,
+        le=1024,
+        description="Complete model copies, each its own Slurm job; a node failure costs only "
+        "its group's job, while the others keep training. 1: no replicas (classic recovery).",
+    )
+    min_healthy_groups: int = Field(
+        default=1, ge=1, description="Groups that must keep stepping; fewer: classic recovery."
+    )
+
+    @model_validator(mode="after")
+    def _enough_groups(self) -> FaultToleranceSpec:
+        if self.min_healthy_groups > self.replica_groups:
+            raise ValueError(
+                f"min_healthy_groups ({self.min_healthy_groups}) must not exceed "
+                f"replica_groups ({self.replica_groups})"
+            )
+        return self
+
+
 class RunSpec(_Spec):
     """What a user submits (YAML for the CLI, JSON on the wire)."""
 
@@ -74,6 +97,13 @@ class RunSpec(_Spec):
         max_length=4096,
         description="'builtin' (the stdlib byte corpus) or a folder of token shards.",
     )
+    eval_every: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Report the loss on the data's held-out split every N steps (a dataset "
+        "prepared by `runyard data prepare`); None: no evaluation.",
+    )
     parallelism: Literal["auto"] | ParallelismSpec = Field(default="auto")
     min_nodes: int | None = Field(
         default=None,
@@ -94,6 +124,11 @@ class RunSpec(_Spec):
     time_limit_min: int = Field(
         default=60 * 24, ge=1, le=60 * 24 * 365, description="Slurm time limit per attempt."
     )
+    fault_tolerance: FaultToleranceSpec | None = Field(
+        default=None,
+        description="Train as replica groups that survive a node loss without stopping; "
+        "None: one group.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -109,7 +144,22 @@ class RunSpec(_Spec):
     def _min_nodes_fit(self) -> RunSpec:
         if self.min_nodes is not None and self.min_nodes > self.nodes:
             raise ValueError(f"min_nodes ({self.min_nodes}) must not exceed nodes ({self.nodes})")
+        groups = self.replica_groups
+        if groups > 1 and self.nodes % groups:
+            raise ValueError(
+                f"fault_tolerance.replica_groups ({groups}) must divide nodes ({self.nodes}): "
+                "each group is a whole number of nodes"
+            )
+        if groups > 1 and self.min_nodes is not None:
+            raise ValueError(
+                "fault_tolerance.replica_groups and min_nodes exclude each other: a group "
+                "that lost a node waits for a spare while the others train"
+            )
         return self
+
+    @property
+    def replica_groups(self) -> int:
+        return self.fault_tolerance.replica_groups if self.fault_tolerance else 1
 
 
 class AttemptOut(BaseModel):

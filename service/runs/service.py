@@ -6,7 +6,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from contract import ModelShape, ParallelLayout, Precision, ResumePoint, WorkerRunConfig
+from contract import (
+    ModelShape,
+    ParallelLayout,
+    Precision,
+    ReplicaGroupConfig,
+    ResumePoint,
+    WorkerRunConfig,
+    check_dataset,
+    replica_layout_problems,
+)
 from planner.hardware import hardware_named
 from planner.presets import MODEL_PRESETS
 from planner.resolve import LayoutError, Resolved, resolve_layout
@@ -83,6 +92,14 @@ def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelSha
             f"{spec.checkpoint_every} is more than steps ({spec.steps}); the run would only "
             "checkpoint at its end",
         )
+    if spec.replica_groups > 1:
+        # Replica groups split data parallel only (contract/fault_tolerance.py): the search
+        # keeps tp, pp and cp at 1 unless the spec pins them (then refused below).
+        pinned = {"tp": 1, "pp": 1, "cp": 1, **pinned}
+    # The data is checked here, from its index.json on the shared filesystem, so a dataset
+    # that does not suit the model is refused at submission, never inside a rank.
+    for problem in check_dataset(spec.data, shape, spec.seq_len, spec.eval_every):
+        raise LayoutError(problem.field, problem.message)
     resolved = resolve_layout(
         shape=shape,
         world_size=spec.nodes * spec.gpus_per_node,
@@ -94,6 +111,9 @@ def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelSha
         network=settings.network,
         worker_precision=worker_precision(settings),
     )
+    for field, why in replica_layout_problems(resolved.layout, spec.replica_groups):
+        name = "fault_tolerance.replica_groups" if field == "dp" else f"parallelism.{field}"
+        raise LayoutError(name, why)
     return shape, resolved
 
 
@@ -167,6 +187,11 @@ def create_run(
             "model": shape.model_dump(mode="json"),
             "layout": resolved.layout.model_dump(mode="json"),
             "plan": stored_plan(resolved),
+            **(
+                {"fault_tolerance": spec.fault_tolerance.model_dump(mode="json")}
+                if spec.fault_tolerance and spec.replica_groups > 1
+                else {}
+            ),
         },
         num_nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
@@ -270,6 +295,21 @@ def worker_config(
     """The resolved config one attempt's ranks train with, resuming where the run stopped."""
     spec = RunSpec.model_validate(run.spec)
     newest = repository.newest_committed_checkpoint(session, run.id)
+    replica = None
+    if attempt.replica_group is not None and spec.fault_tolerance is not None:
+        replica = ReplicaGroupConfig(
+            group=attempt.replica_group,
+            groups=spec.fault_tolerance.replica_groups,
+            min_healthy_groups=spec.fault_tolerance.min_healthy_groups,
+            lighthouse_addr=run.lighthouse_addr or "",
+            timeout_s=settings.replica_timeout_s,
+            heal_from_peer=attempt.resume_step is None
+            and repository.replaces_a_group(session, attempt),
+        )
+        # A group that replaces a failed one heals from a live peer, not from disk: its
+        # attempt was created without a resume step (recovery/fast_path.py).
+        if attempt.resume_step is None:
+            newest = None
     return WorkerRunConfig(
         run_id=run.id,
         attempt_id=attempt.id,
@@ -286,8 +326,10 @@ def worker_config(
         keep_checkpoints=spec.keep_checkpoints,
         checkpoint_dir=str(settings.checkpoints_dir / run_folder(run)),
         data=spec.data,
+        eval_every=spec.eval_every,
         data_cache_dir=str(settings.data_cache_dir),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
+        fault_tolerance=replica,
     )
 
 
