@@ -30,5 +30,5 @@ echo "bootstrap: installing runyard[worker,dev] (torch==2.13.0) into $VENV"
 # torch is pinned in pyproject.toml (runyard[worker]); pip takes the CPU build from the
 # local wheel cache where one exists.
 "$VENV/bin/pip" install -q -e '.[worker,dev]' 2>&1 | grep -v "is ignored" || true
-"$VENV/bin/python" -c "import torch, service, worker, client" \
+"$VENV/bin/python" -c "import torch, torchft, service, worker, client" \
   || { echo "bootstrap: the install failed; see pip's output above" >&2; exit 1; }
