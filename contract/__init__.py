@@ -17,6 +17,13 @@ from .dataset import (
 )
 from .exit_codes import ExitCode
 from .fault_tolerance import ReplicaGroupConfig, group_layout, replica_layout_problems
+from .hf_config import (
+    HfCheckpointError,
+    hf_config_from_shape,
+    hf_weight_files,
+    read_hf_checkpoint,
+    shape_from_hf_config,
+)
 from .layout import (
     Float8Scaling,
     LayoutProblem,
@@ -39,6 +46,7 @@ __all__ = [
     "DatasetProblem",
     "ExitCode",
     "Float8Scaling",
+    "HfCheckpointError",
     "LayoutProblem",
     "ModelShape",
     "ParallelLayout",
@@ -55,8 +63,12 @@ __all__ = [
     "dataset_problems",
     "degree_problems",
     "group_layout",
+    "hf_config_from_shape",
+    "hf_weight_files",
     "layout_problems",
     "read_dataset_index",
+    "read_hf_checkpoint",
     "replica_layout_problems",
     "schedule_problems",
+    "shape_from_hf_config",
 ]

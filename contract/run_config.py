@@ -48,6 +48,11 @@ class WorkerRunConfig(Frozen):
         "from `runyard data prepare`); None: no evaluation.",
     )
     resume_from: ResumePoint | None = Field(default=None, description="None: start fresh.")
+    init_from_hf: str | None = Field(
+        default=None,
+        description="A Hugging Face Llama folder whose weights a fresh start (no resume_from) "
+        "loads instead of a random init; None: random init from seed.",
+    )
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
     fault_tolerance: ReplicaGroupConfig | None = Field(
         default=None, description="This attempt's replica group; None: one group, no peers."

@@ -70,6 +70,17 @@ class FaultToleranceSpec(_Spec):
         return self
 
 
+class HfModelSpec(_Spec):
+    """Start from a Hugging Face Llama checkpoint: its shape and its weights."""
+
+    from_hf: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A local folder (shared filesystem) with config.json and safetensors "
+        "weights, as `save_pretrained` writes it.",
+    )
+
+
 class RunSpec(_Spec):
     """What a user submits (YAML for the CLI, JSON on the wire)."""
 
@@ -79,9 +90,10 @@ class RunSpec(_Spec):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Letters, digits, '.', '_' and '-'.",
     )
-    model: str | ModelShape = Field(
+    model: str | ModelShape | HfModelSpec = Field(
         description="A preset name (tiny, llama3-1b, llama3-3b, llama3-8b, llama3-70b, "
-        "llama3-405b) or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}."
+        "llama3-405b), an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}, or "
+        "{from_hf: folder} to start from a Hugging Face Llama checkpoint's weights."
     )
     nodes: int = Field(ge=1, le=1280, description="Slurm nodes for each attempt.")
     gpus_per_node: int = Field(default=8, ge=1, le=8, description="Ranks per node.")
@@ -213,6 +225,9 @@ class RunOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     layout: dict[str, Any] = Field(description="The resolved parallel layout.")
+    model_shape: ModelShape | None = Field(
+        default=None, description="The model's resolved shape (a preset or from_hf read)."
+    )
     spec: dict[str, Any]
     plan: dict[str, Any] | None = Field(
         default=None, description="The planner's figures for this layout on the cluster's GPUs."

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from contract import (
+    HfCheckpointError,
     ModelShape,
     ParallelLayout,
     Precision,
@@ -14,6 +16,7 @@ from contract import (
     ResumePoint,
     WorkerRunConfig,
     check_dataset,
+    read_hf_checkpoint,
     replica_layout_problems,
 )
 from planner.hardware import hardware_named
@@ -27,7 +30,7 @@ from service.models import Attempt, Run, RunState, Team
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
-from service.runs.schemas import AttemptOut, RunDecision, RunOut, RunSpec
+from service.runs.schemas import AttemptOut, HfModelSpec, RunDecision, RunOut, RunSpec
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
@@ -35,6 +38,12 @@ def model_shape(spec: RunSpec) -> ModelShape:
     train it."""
     if isinstance(spec.model, ModelShape):
         shape = spec.model
+    elif isinstance(spec.model, HfModelSpec):
+        # config.json only (contract/hf_config.py); the worker converts the weights.
+        try:
+            shape = read_hf_checkpoint(Path(spec.model.from_hf))
+        except HfCheckpointError as exc:
+            raise LayoutError("model.from_hf", str(exc)) from None
     elif spec.model in MODEL_PRESETS:
         shape = MODEL_PRESETS[spec.model]
     else:
@@ -276,6 +285,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
         started_at=run.started_at,
         ended_at=run.ended_at,
         layout=run.config["layout"],
+        model_shape=run.config.get("model"),
         spec=run.spec,
         plan=run.config.get("plan"),
         placement=run.config.get("placement"),
@@ -329,6 +339,7 @@ def worker_config(
         eval_every=spec.eval_every,
         data_cache_dir=str(settings.data_cache_dir),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
+        init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
         fault_tolerance=replica,
     )
 
