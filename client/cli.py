@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from client.commands import admin, data, dev, incident, node, plan, run, spare, sweep
+from client.commands import admin, data, dev, doctor, incident, node, plan, run, spare, sweep
 
 app = typer.Typer(
     help="runyard: training-run orchestration for Slurm clusters.",
@@ -20,6 +20,7 @@ app.add_typer(admin.app, name="admin")
 app.add_typer(dev.app, name="dev")
 app.add_typer(data.app, name="data")
 app.command(name="plan")(plan.plan)
+app.command(name="doctor")(doctor.doctor)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,0 +1,1 @@
+"""`runyard doctor`: is this site ready for runyard? Each check says what is wrong and the fix."""

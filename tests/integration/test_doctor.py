@@ -1,0 +1,162 @@
+"""`runyard doctor` against the real dev cluster: healthy says so, and each broken part
+(slurmctld stopped, an agent stopped, a read-only checkpoint folder) is named.
+
+The doctor runs as the real CLI in a process of its own, against a service and agents of
+this module's own (a database of its own, heartbeat limits long enough that stopping an
+agent never makes that service drain a node in the shared Slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.devcluster import cluster, postgres
+from client.devcluster.cluster import DevCluster
+from client.devcluster.processes import stop
+from tests.conftest import REPO_ROOT, TEST_DATABASE, mint_token, wait_for
+from tests.integration.conftest import Agents, ServiceProcess, free_port
+
+pytestmark = pytest.mark.integration
+RUNYARD = Path(sys.executable).parent / "runyard"  # the installed CLI, as a site runs it
+DOCTOR_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}_doctor"
+
+
+class Site:
+    def __init__(self, service: ServiceProcess, agents: Agents, dev: DevCluster, root: Path):
+        self.service, self.agents, self.dev = service, agents, dev
+        self.checkpoints = root / "checkpoints"
+        self.checkpoints.mkdir()
+
+    def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
+        env = {
+            **os.environ,
+            "RUNYARD_URL": self.service.url,
+            "RUNYARD_TOKEN": self.service.admin_token,
+            "RUNYARD_DATABASE_URL": DOCTOR_DATABASE_URL,
+            "SLURM_CONF": str(self.dev.slurm_conf),
+            "RUNYARD_CHECKPOINT_ROOT": str(self.checkpoints),
+        }
+        out = subprocess.run(
+            [str(RUNYARD), "doctor", "--json", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+            timeout=120,
+        )
+        return out.returncode, json.loads(out.stdout)
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"{c['area']} {c['name']}": c for c in report["checks"]}
+
+
+@pytest.fixture(scope="module")
+def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("doctor")
+    postgres.fresh_database(DOCTOR_DATABASE_URL)
+    token = mint_token(
+        DOCTOR_DATABASE_URL, root / "admin.token", user="admin", team="ops", role="admin"
+    )
+    port = free_port()
+    env = {
+        **os.environ,
+        "RUNYARD_DATABASE_URL": DOCTOR_DATABASE_URL,
+        "RUNYARD_PORT": str(port),
+        "RUNYARD_STATE_DIR": str(root),
+        "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
+        "SLURM_CONF": str(slurm_cluster.slurm_conf),
+        "RUNYARD_RUN_RECONCILER": "true",
+        "RUNYARD_ACCELERATOR": "cpu",
+        "RUNYARD_RECONCILE_INTERVAL_S": "0.5",
+        "RUNYARD_HEARTBEAT_SUSPECT_S": "600",
+        "RUNYARD_HEARTBEAT_DEAD_S": "1200",
+    }
+    service = ServiceProcess(env, root / "service.log", token, port=port)
+    service.start()
+    client = service.client()
+    wait_for("the nodes read from Slurm", lambda: len(client.list_nodes()) >= 8)
+    nodes = [n["name"] for n in client.list_nodes()]
+    agents = Agents(root / "agents", service, nodes)
+    for node in nodes:
+        agents.start(node)
+    wait_for(
+        "every agent's first heartbeat",
+        lambda: all(n["last_heartbeat_at"] for n in client.list_nodes()),
+    )
+    yield Site(service, agents, slurm_cluster, root)
+    for node in list(agents.procs):
+        agents.stop(node)
+    service.stop()
+    postgres.drop_database(DOCTOR_DATABASE_URL)
+
+
+def test_doctor_says_a_healthy_dev_cluster_is_healthy(site: Site) -> None:
+    rc, report = site.doctor("--min-free-gb", "1")
+    checks = by_name(report)
+    assert rc == 0 and report["healthy"], checks
+    assert {c["status"] for c in checks.values()} <= {"ok", "warn"}
+    for name in ("slurm controller", "slurm topology", "slurm gres", "slurm reservations"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert checks["postgres migrated"]["status"] == "ok"
+    assert checks["agents heartbeats"]["detail"].startswith("all 8 nodes")
+
+
+def test_doctor_names_a_node_whose_agent_stopped(site: Site) -> None:
+    site.agents.stop("gpu003")
+    try:
+
+        def named() -> dict[str, Any] | None:
+            rc, report = site.doctor("--only", "agents", "--heartbeat-max-age-s", "3")
+            return report if rc == 1 else None
+
+        report = wait_for("the doctor to notice gpu003's agent", named, timeout_s=30)
+        beats = by_name(report)["agents heartbeats"]
+        assert beats["status"] == "FAIL"
+        assert "gpu003" in beats["detail"] and "gpu004" not in beats["detail"]
+        assert "runyard-agent" in beats["fix"]
+    finally:
+        site.agents.start("gpu003")
+    wait_for("gpu003 healthy again", lambda: site.doctor("--only", "agents")[0] == 0, timeout_s=30)
+
+
+def test_doctor_names_a_read_only_checkpoint_folder(site: Site) -> None:
+    # A read-only bind mount: as root, permission bits would not stop the write.
+    subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(site.checkpoints), str(site.checkpoints)], check=True
+    )
+    try:
+        rc, report = site.doctor("--only", "filesystem", "--min-free-gb", "1")
+    finally:
+        subprocess.run(["umount", str(site.checkpoints)], check=True)
+    checks = by_name(report)
+    assert rc == 1
+    assert checks["filesystem checkpoints"]["status"] == "FAIL"
+    assert "Read-only file system" in checks["filesystem checkpoints"]["detail"]
+    assert str(site.checkpoints) in checks["filesystem checkpoints"]["detail"]
+    assert site.doctor("--only", "filesystem", "--min-free-gb", "1")[0] == 0
+
+
+def test_doctor_names_a_stopped_slurmctld(site: Site) -> None:
+    """Stops the shared dev cluster's slurmctld: the tests hold the integration lock, and
+    `dev up`'s own start brings it back before the test ends."""
+    table = site.dev.table.load()
+    stop(table["slurmctld"])
+    try:
+        rc, report = site.doctor("--only", "slurm", "--only", "filesystem", "--min-free-gb", "1")
+    finally:
+        cluster.up(cluster=site.dev, with_service=False, say=lambda _: None)
+    checks = by_name(report)
+    assert rc == 1
+    assert checks["slurm controller"]["status"] == "FAIL"
+    assert "slurmctld" in checks["slurm controller"]["fix"]
+    assert checks["slurm gres"]["status"] == "skip"
+    assert checks["filesystem written from nodes"]["status"] == "skip"
+    assert site.doctor("--only", "slurm")[0] == 0
