@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from contract import Float8Scaling, ParallelLayout, Precision, WorkerRunConfig
+from worker.hf.load import load_hf_weights
 from worker.model import Transformer
 from worker.parallel.activation_checkpoint import apply_activation_checkpointing, apply_compile
 from worker.parallel.context_parallel import apply_context_parallel
@@ -92,7 +94,10 @@ def build_training_model(
     for part in parts:
         parallelize_llama(part, dims, layout, config.seq_len)
         part.to_empty(device=device)
-        part.init_weights(config.seed)  # each rank writes only its shards of the weights
+        if config.init_from_hf and config.resume_from is None:
+            load_hf_weights(part, Path(config.init_from_hf))  # each rank: only its shards
+        else:
+            part.init_weights(config.seed)  # each rank writes only its shards of the weights
     schedule = None
     if dims.pp > 1:
         schedule = build_schedule(
