@@ -86,12 +86,12 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
                 if n.name not in held and (snapshot.is_free(n.name) or n.name in ours)
             ]
             by_name = {n.name: n for n in candidates}
-            for name in choose_new_spares(
+            for chosen in choose_new_spares(
                 [(n.name, n.switch) for n in candidates],
                 [s.switch for s in spares],
                 target - len(spares),
             ):
-                pick = by_name[name]
+                pick = by_name[chosen]
                 set_node_state(session, pick, NodeState.SPARE, "joined the spare pool")
                 spares.append(pick)
         members = sorted(n.name for n in spares[:target])
