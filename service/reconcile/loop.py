@@ -21,6 +21,7 @@ from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
+from service.recovery import fast_path, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -69,7 +70,10 @@ class Reconciler:
             ("segments", lambda: preemption.stop_segments_at_time_limit(settings)),
             ("stop deadlines", lambda: preemption.enforce_stop_deadlines(slurm)),
             ("run reservations", lambda: preemption.sync_run_reservations(s, slurm)),
+            ("lighthouses", lambda: lighthouse.maintain_lighthouses(settings)),
             ("submission", lambda: submission.submit_pending(settings, s, slurm)),
+            ("replica groups", lambda: fast_path.submit_group_attempts(settings, s, slurm)),
+            ("ended group jobs", lambda: fast_path.cancel_ended_group_jobs(slurm)),
             ("sweeps", lambda: sweeps.submit_sweeps(settings, slurm)),
             ("cancellation", lambda: cancellation.stop_cancelling(settings, slurm)),
             ("job states", lambda: polling.poll_attempts(settings, slurm)),

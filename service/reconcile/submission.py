@@ -24,6 +24,7 @@ from service.db import session_scope
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
 from service.recovery import timeline
+from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
@@ -61,8 +62,8 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
     todo: list[AttemptRequest] = []
     with session_scope() as session:
         for run in repository.runs_in_states(session, [RunState.PENDING]):
-            if len(run.nodes) < run.num_nodes:
-                continue
+            if len(run.nodes) < run.num_nodes or replica_groups(run) > 1:
+                continue  # replica groups: recovery/fast_path.py submits one job per group
             attempt = repository.live_attempt(run)
             if attempt is None:
                 attempt = new_attempt(session, run, settings)

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from contract import ExitCode, StopReason
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
 from service.reconcile.preemption import attempt_stopped
+from service.recovery.fast_path import judge_group_ended
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
@@ -26,6 +27,9 @@ def judge_ended_attempt(
     """The job left Slurm: succeed only if the worker said it finished; else maybe restart."""
     slurm_state = status.state if status else "UNKNOWN (slurmctld forgot the job)"
     exit_code = status.exit_code if status else None
+    if attempt.replica_group is not None:  # one group of a replica-group run
+        judge_group_ended(session, run, attempt, slurm_state, exit_code)
+        return
     # A rank may have said so before exiting (workers/service.py): Slurm's code may be 1.
     do_not_retry = attempt.do_not_retry or exit_code == ExitCode.DO_NOT_RETRY
     asked_to_yield = attempt.stop_requested_at is not None and (

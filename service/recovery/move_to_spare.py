@@ -19,6 +19,7 @@ from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
 from service.observability import metrics
+from service.recovery.fast_path import move_group_to_spare, replica_groups
 from service.recovery.restart import end_attempt_and_restart
 from service.recovery.spares import spare_nodes
 from service.runs import repository as runs_repo
@@ -73,6 +74,8 @@ def drain_and_move(
 def move_run_to_spare(session: Session, run: Run, incident: Incident, bad: str) -> list[str]:
     """End the run's attempt and swap the bad node for a spare (same leaf switch first)."""
     run = runs_repo.get_run(session, run.id) or run
+    if replica_groups(run) > 1:  # replica groups: the fast path when it can
+        return move_group_to_spare(session, run, incident, bad)
     incident.run_id = incident.run_id or run.id
     attempt = runs_repo.live_attempt(run)
     jobs = [attempt.slurm_job_id] if attempt and attempt.slurm_job_id else []

@@ -1,0 +1,352 @@
+"""The fast recovery path: a replica-group run loses one group's job, not the run.
+
+A run with `fault_tolerance.replica_groups` G trains as G Slurm jobs, one attempt row per
+group (`attempts.replica_group`), separate jobs rather than one array: each group's job
+carries its own node list inside the run's reservation, and a replacement goes to a named
+spare, which an array task cannot ask for. When a node fails, the incident (recovery/
+incidents.py -> move_to_spare.py) hands a replica-group run to `move_group_to_spare`,
+which asks `paths.choose_recovery_path`:
+- FAST: only the failed group's attempt ends; a spare takes its node in the run's node
+  list; a replacement attempt for that group (no resume step: it heals from a live peer)
+  is recorded SUBMITTING in the same transaction. The run stays RUNNING; the other groups
+  never stop. `submit_group_attempts` then sbatches it (adopting by job name after a crash).
+- CLASSIC: every group's attempt ends and the run goes back to PENDING; the next attempts
+  (one per group) resume from the newest committed checkpoint on disk.
+Every decision is committed before the Slurm call it leads to, and every step reads what is
+left to do from Postgres, so a service killed anywhere finishes the recovery exactly once.
+Jobs of group attempts that ended are scancelled by `cancel_ended_group_jobs` from what
+Postgres says, whichever path ended them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract import StopReason
+from service.config import Settings
+from service.db import session_scope
+from service.models import (
+    Attempt,
+    AttemptState,
+    CheckpointState,
+    Incident,
+    NodeState,
+    Run,
+    RunState,
+)
+from service.models.base import utcnow
+from service.nodes import repository as nodes_repo
+from service.nodes.lifecycle import node_event, set_node_state
+from service.recovery import timeline
+from service.recovery.paths import RecoveryPath, choose_recovery_path
+from service.recovery.restart import end_attempt_and_restart, set_stop_reason
+from service.recovery.spares import spare_nodes
+from service.runs import repository
+from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.service import run_folder
+from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.placement import choose_replacement
+from service.slurm.snapshot import ClusterSnapshot
+from service.slurm.submit import AttemptRequest, job_name, write_token_file
+
+log = logging.getLogger(__name__)
+LIVE = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
+
+
+def replica_groups(run: Run) -> int:
+    ft = run.config.get("fault_tolerance")
+    return int(ft["replica_groups"]) if ft else 1
+
+
+def min_healthy_groups(run: Run) -> int:
+    ft = run.config.get("fault_tolerance")
+    return int(ft["min_healthy_groups"]) if ft else 1
+
+
+def group_nodes(run: Run, group: int) -> list[str]:
+    """Group g trains on its slice of the run's node list (a spare takes the failed node's
+    place in it, so the slices stay put)."""
+    per = run.num_nodes // replica_groups(run)
+    return list(run.nodes[group * per : (group + 1) * per])
+
+
+def live_group_attempts(run: Run) -> dict[int, Attempt]:
+    return {
+        a.replica_group: a for a in run.attempts if a.state in LIVE and a.replica_group is not None
+    }
+
+
+def new_group_attempt(
+    session: Session, run: Run, settings: Settings, group: int, *, from_disk: bool
+) -> Attempt:
+    """A SUBMITTING attempt for one group: from the newest committed checkpoint when every
+    group starts (`from_disk`), else (a replacement) with no resume step: it heals."""
+    newest = repository.newest_committed_checkpoint(session, run.id) if from_disk else None
+    number = max((a.number for a in run.attempts), default=0) + 1
+    attempt = Attempt(
+        run_id=run.id,
+        number=number,
+        state=AttemptState.SUBMITTING,
+        job_name="",
+        job_folder="",
+        nodes=group_nodes(run, group),
+        resume_step=newest.step if newest else None,
+        replica_group=group,
+    )
+    session.add(attempt)
+    session.flush()
+    run.attempts.append(attempt)
+    attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
+    attempt.job_folder = str(settings.jobs_dir / run_folder(run) / f"attempt-{number:03d}")
+    how = (
+        f"resuming from step {newest.step}"
+        if newest
+        else ("healing from a live group" if not from_disk else "starting from scratch")
+    )
+    record_event(
+        session,
+        run,
+        "attempt.submitting",
+        f"attempt {number} (replica group {group}): submitting, {how}",
+        attempt,
+        {"resume_step": attempt.resume_step, "nodes": attempt.nodes, "replica_group": group},
+    )
+    return attempt
+
+
+def submit_group_attempts(
+    settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient
+) -> None:
+    """Every group of a placed replica-group run has a live attempt, and every SUBMITTING
+    one is sbatched once (a job found by its unique name after a crash is adopted)."""
+    from service.reconcile.submission import NICE_BY_PRIORITY, attempt_request, mint_worker_token
+
+    todo: list[AttemptRequest] = []
+    with session_scope() as session:
+        runs = repository.runs_in_states(session, [RunState.PENDING, RunState.RUNNING])
+        for run in runs:
+            if replica_groups(run) < 2 or not run.lighthouse_addr:
+                continue  # not a replica-group run, or its lighthouse is not up yet
+            live = live_group_attempts(run)
+            if run.state == RunState.PENDING and not live:
+                if len(run.nodes) < run.num_nodes:
+                    continue  # placement first
+                for group in range(replica_groups(run)):
+                    live[group] = new_group_attempt(session, run, settings, group, from_disk=True)
+            for attempt in live.values():
+                if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
+                    request = attempt_request(run, attempt)
+                    todo.append(
+                        dataclasses.replace(
+                            request,
+                            num_nodes=len(attempt.nodes),
+                            nodelist=",".join(attempt.nodes),
+                            nice=NICE_BY_PRIORITY.get(run.priority, 0),
+                        )
+                    )
+    if not todo:
+        return
+    try:
+        orphans = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
+    except SlurmError as exc:
+        log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
+        return
+    from service.slurm.reservations import ensure_reservation
+
+    for req in todo:
+        try:
+            if req.reservation:
+                with session_scope() as session:
+                    owner = repository.get_run(session, req.run_id)
+                    nodes = list(owner.nodes) if owner else req.nodelist.split(",")
+                ensure_reservation(slurm, req.reservation, nodes, snapshot.reservations)
+            job_id = orphans.get(req.job_name)
+            if job_id is None:
+                write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
+                job_id = slurm.submit(req)
+        except SlurmError as exc:
+            log.warning("group attempt %s: sbatch failed, retrying: %s", req.attempt_id, exc)
+            continue
+        with session_scope() as session:
+            locked = repository.lock_run_and_attempt(session, req.attempt_id)
+            if locked is None or locked[1].state != AttemptState.SUBMITTING:
+                continue
+            run, attempt = locked
+            attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
+            set_attempt_state(
+                session, run, attempt, AttemptState.PENDING, f"Slurm job {job_id} on {req.nodelist}"
+            )
+            timeline.attempt_submitted(session, run.id)
+
+
+def _take_spare(session: Session, run: Run, incident: Incident, bad: str) -> str | None:
+    """Swap `bad` for a spare in the run's node list (same leaf switch first)."""
+    remaining = [n for n in run.nodes if n != bad]
+    nodes = [n for n in (nodes_repo.get_node(session, x) for x in remaining) if n]
+    spares = spare_nodes(session, for_update=True)
+    pick = choose_replacement([(s.name, s.switch) for s in spares], {n.switch for n in nodes})
+    if pick is None:
+        return None
+    spare = next(s for s in spares if s.name == pick)
+    set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
+    node_event(session, spare, "spare.assigned", f"replaces {bad} in run {run.id}")
+    run.nodes = [pick if n == bad else n for n in run.nodes]
+    incident.spare_node = pick
+    return pick
+
+
+def _is_live_copy(session: Session, attempt: Attempt) -> bool:
+    """A group holds a live copy of the state unless it is a replacement still healing."""
+    if attempt.first_step is not None or attempt.resume_step is not None:
+        return True
+    return not repository.replaces_a_group(session, attempt)
+
+
+def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str) -> list[str]:
+    """A node of a replica-group run failed: the fast path if the policy allows, else the
+    classic one. Returns the Slurm jobs to scancel once this transaction committed."""
+    groups = replica_groups(run)
+    failed = run.nodes.index(bad) // (run.num_nodes // groups) if bad in run.nodes else None
+    live = live_group_attempts(run)
+    healthy = {g for g, a in live.items() if g != failed and _is_live_copy(session, a)}
+    failed_groups = set(range(groups)) - healthy
+    path, why = choose_recovery_path(
+        replica_groups=groups,
+        failed_groups=failed_groups or {failed or 0},
+        min_healthy_groups=min_healthy_groups(run),
+    )
+    incident.run_id = incident.run_id or run.id
+    incident.recovery_path, incident.classic_because = path, why
+    jobs: list[str] = []
+    if path == RecoveryPath.FAST and failed is not None:
+        attempt = live.get(failed)
+        if attempt is not None:
+            incident.attempt_id = attempt.id
+            set_stop_reason(attempt, StopReason.NODE_FAILURE)
+            set_attempt_state(
+                session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
+            )
+            jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
+        run.num_hardware_restarts += 1
+        run.num_restarts += 1
+        spare = _take_spare(session, run, incident, bad)
+        record_event(
+            session,
+            run,
+            "recovery.fast_path",
+            f"{bad} drained ({incident.signal}); replica group {failed} "
+            + (f"moves to spare {spare}" if spare else "waits for a spare")
+            + f"; groups {sorted(healthy)} keep training",
+            data={"incident": incident.id, "failed": bad, "spare": spare, "group": failed},
+        )
+        if spare is not None:
+            from service.config import get_settings
+
+            new_group_attempt(session, run, get_settings(), failed, from_disk=False)
+        return jobs
+    # The classic path: every group stops and the run restarts from disk.
+    for _, attempt in sorted(live.items()):
+        jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
+        incident.attempt_id = incident.attempt_id or attempt.id
+        set_stop_reason(attempt, StopReason.NODE_FAILURE)
+        set_attempt_state(session, run, attempt, AttemptState.FAILED, f"node {bad} failed")
+    first = next(iter(sorted(live.items())), (None, None))[1]
+    if first is not None:
+        end_attempt_and_restart(
+            session,
+            run,
+            first,
+            f"node {bad} failed: {incident.signal}",
+            cause=StopReason.NODE_FAILURE,
+        )
+    spare = _take_spare(session, run, incident, bad)
+    if spare is None and bad in run.nodes:
+        run.nodes = [n for n in run.nodes if n != bad]
+    record_event(
+        session,
+        run,
+        "recovery.classic_path",
+        f"{bad} drained ({incident.signal}); every group restarts from disk ({why})",
+        data={"incident": incident.id, "failed": bad, "spare": spare, "because": str(why)},
+    )
+    return jobs
+
+
+def judge_group_ended(
+    session: Session, run: Run, attempt: Attempt, status_state: str, exit_code: int | None
+) -> None:
+    """One group's job left Slurm. The run succeeds when its last group ends after the final
+    step was reported and committed; a group that failed alone is replaced (fast path) while
+    others train, else the run restarts from disk (classic path)."""
+    others = {g: a for g, a in live_group_attempts(run).items() if a.id != attempt.id}
+    final = repository.get_checkpoint(session, run.id, run.total_steps)
+    done = (CheckpointState.COMMITTED, CheckpointState.DELETED)
+    if run.final_step == run.total_steps and final is not None and final.state in done:
+        set_stop_reason(attempt, StopReason.COMPLETED)
+        set_attempt_state(
+            session, run, attempt, AttemptState.SUCCEEDED, f"Slurm job {status_state}", exit_code
+        )
+        if not others:
+            if run.state == RunState.PENDING:
+                set_run_state(session, run, RunState.RUNNING, "finished before it was seen running")
+            set_run_state(
+                session, run, RunState.SUCCEEDED, f"trained {run.total_steps} steps", attempt
+            )
+        return
+    group = attempt.replica_group
+    reason = f"Slurm job {attempt.slurm_job_id} of replica group {group} ended {status_state}"
+    healthy = {g for g, a in others.items() if _is_live_copy(session, a)}
+    groups = replica_groups(run)
+    assert attempt.replica_group is not None
+    path, _ = choose_recovery_path(
+        replica_groups=groups,
+        failed_groups=set(range(groups)) - healthy,
+        min_healthy_groups=min_healthy_groups(run),
+    )
+    software_restarts = run.num_restarts - run.num_hardware_restarts
+    if path == RecoveryPath.FAST and software_restarts < run.max_restarts:
+        set_stop_reason(attempt, StopReason.JOB_FAILED)
+        set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
+        run.num_restarts += 1
+        from service.config import get_settings
+
+        new_group_attempt(session, run, get_settings(), attempt.replica_group, from_disk=False)
+        return
+    for other in others.values():  # their jobs are scancelled by cancel_ended_group_jobs
+        set_stop_reason(other, StopReason.JOB_FAILED)
+        set_attempt_state(
+            session, run, other, AttemptState.FAILED, f"{reason}: restarting from disk"
+        )
+    end_attempt_and_restart(
+        session, run, attempt, reason, cause=StopReason.JOB_FAILED, exit_code=exit_code
+    )
+
+
+def cancel_ended_group_jobs(slurm: SlurmClient, within: timedelta = timedelta(hours=1)) -> None:
+    """scancel the jobs of group attempts that Postgres says ended but Slurm still runs
+    (a group ended by the classic path from a verdict, or a service killed before its
+    scancel): derived from the database each tick, so it happens once it is needed."""
+    with session_scope() as session:
+        jobs = [
+            job
+            for job in session.scalars(
+                select(Attempt.slurm_job_id).where(
+                    Attempt.replica_group.is_not(None),
+                    Attempt.state.in_([AttemptState.FAILED, AttemptState.CANCELLED]),
+                    Attempt.slurm_job_id.is_not(None),
+                    Attempt.ended_at > utcnow() - within,
+                )
+            ).all()
+            if job
+        ]
+    if not jobs:
+        return
+    live = slurm.queue(jobs)
+    still = [job for job in jobs if job in live and live[job].is_live]
+    if still:
+        slurm.cancel(still)

@@ -1,0 +1,128 @@
+"""One torchft lighthouse per replica-group run, started and stopped by the service.
+
+Who runs it: the service host, not a compute node. The lighthouse holds the quorum every
+group asks for each step; on a compute node (say rank 0 of group 0) it would die with that
+node, and every surviving group would stall: half the failures of a two-group run would
+need the classic path (ClassicBecause.LIGHTHOUSE_LOST). The service host is reached by
+every rank already (their reports), and its load is one small RPC per group per step (128
+groups at a 10 s step: 13 requests/s). The process is started in a session of its own, so
+a service restart leaves it running; its address and process id are in Postgres, and a
+restarted service adopts it (a dead one is started again on the same port, and the groups'
+managers reconnect on their next quorum).
+
+The service never imports torch: it runs the `torchft_lighthouse` executable that the
+torchft wheel installs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import select
+
+from service.config import Settings
+from service.db import session_scope
+from service.models import Run, RunState
+
+log = logging.getLogger(__name__)
+
+# How long the lighthouse waits for a group that stopped heartbeating before it forms a
+# quorum without it, and how long for stragglers to join. torchft's defaults (5 s, 60 s)
+# suit large jobs; a dead group is also cut off by the collective timeout (Settings).
+HEARTBEAT_TIMEOUT_MS = 5000
+JOIN_TIMEOUT_MS = 2000
+
+
+def _executable(settings: Settings) -> str:
+    beside_python = Path(sys.executable).parent / settings.lighthouse_command
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which(settings.lighthouse_command) or settings.lighthouse_command
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def is_alive(pid: int | None) -> bool:
+    """Whether `pid` is a running lighthouse (not a process that reused its id)."""
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"lighthouse" in cmdline
+
+
+def start(settings: Settings, run_id: int, min_replicas: int, port: int | None) -> tuple[str, int]:
+    """Start a lighthouse for one run; returns (address for the ranks, process id)."""
+    port = port or _free_port()
+    folder = settings.jobs_dir / "lighthouses"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"run-{run_id}.log", "ab") as out:
+        process = subprocess.Popen(
+            [
+                _executable(settings),
+                "--bind",
+                f"[::]:{port}",
+                "--min_replicas",
+                str(min_replicas),
+                "--join_timeout_ms",
+                str(JOIN_TIMEOUT_MS),
+                "--heartbeat_timeout_ms",
+                str(HEARTBEAT_TIMEOUT_MS),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # survives a restart of the service
+        )
+    return f"http://{settings.lighthouse_host}:{port}", process.pid
+
+
+def stop(pid: int) -> None:
+    if is_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+
+
+def maintain_lighthouses(settings: Settings) -> None:
+    """A live lighthouse for every replica-group run that may train; none for ended runs.
+    Recorded in Postgres in the same transaction that decides it, process calls after."""
+    with session_scope() as session:
+        runs = session.scalars(
+            select(Run).where(
+                Run.config["fault_tolerance"].is_not(None) | Run.lighthouse_pid.is_not(None)
+            )
+        ).all()
+        todo = [
+            (r.id, r.state, r.lighthouse_pid, r.lighthouse_addr, r.config.get("fault_tolerance"))
+            for r in runs
+        ]
+    for run_id, state, pid, addr, ft in todo:
+        if state.is_terminal or state == RunState.CANCELLING:
+            if pid is not None:
+                stop(pid)
+                with session_scope() as session:
+                    run = session.get(Run, run_id, with_for_update=True)
+                    if run is not None:
+                        run.lighthouse_pid = None
+            continue
+        if ft is None or is_alive(pid):
+            continue
+        port = int(addr.rsplit(":", 1)[1]) if addr else None  # the ranks know this address
+        new_addr, new_pid = start(settings, run_id, int(ft["min_healthy_groups"]), port)
+        log.info("run %s: lighthouse at %s (pid %s)", run_id, new_addr, new_pid)
+        with session_scope() as session:
+            run = session.get(Run, run_id, with_for_update=True)
+            if run is not None:
+                run.lighthouse_addr, run.lighthouse_pid = new_addr, new_pid

@@ -1,0 +1,141 @@
+"""Replica-group runs: one Slurm job per group; a node failure ends only its group's job
+and a spare's replacement heals from a live peer (the fast path); two at once fall back to
+disk (the classic path); a service killed mid-recovery finishes it exactly once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from contract import StopReason
+from service.db import session_scope
+from service.models import Attempt, AttemptState, IncidentState, RunState
+from service.reconcile.loop import Reconciler
+from service.recovery import lighthouse
+from service.recovery.incidents import process_incidents
+from service.recovery.paths import ClassicBecause, RecoveryPath
+from service.workers import service as workers
+from service.workers.schemas import CheckpointReport, ProgressReport
+from tests.unit.reconcile.conftest import Cluster
+
+
+@pytest.fixture(autouse=True)
+def no_lighthouse_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lighthouse is a process on the service host; these decision tests only need its
+    address recorded (the integration tests start the real one)."""
+    monkeypatch.setattr(lighthouse, "start", lambda *a: ("http://127.0.0.1:29510", os.getpid()))
+    monkeypatch.setattr(lighthouse, "is_alive", lambda pid: pid is not None)
+
+
+def live_groups(cluster: Cluster, run_id: int) -> dict[int, Attempt]:
+    return {
+        a.replica_group: a
+        for a in cluster.attempts(run_id)
+        if not a.state.is_terminal and a.replica_group is not None
+    }
+
+
+def report(attempt_id: int, step: int, *, checkpoint: bool = False) -> None:
+    """A group's rank 0 reports `step` (and the checkpoint there when it writes it)."""
+    with session_scope() as session:
+        workers.record_progress(
+            session,
+            attempt_id,
+            ProgressReport(rank=0, metrics=[{"step": step, "loss": 1.0, "step_time_s": 0.1}]),
+        )
+        if checkpoint:
+            at = CheckpointReport(step=step, path=f"/ckpt/{step}", state="COMMITTED")
+            workers.record_checkpoint(session, attempt_id, at)
+
+
+def two_groups_training(cluster: Cluster) -> tuple[int, dict[int, Attempt]]:
+    cluster.set_spares(1)
+    run_id = cluster.submit_run("ft", fault_tolerance={"replica_groups": 2})
+    cluster.cycle()
+    groups = live_groups(cluster, run_id)
+    assert sorted(groups) == [0, 1] and cluster.run(run_id).state == RunState.RUNNING
+    for g, attempt in groups.items():
+        assert attempt.state == AttemptState.RUNNING
+        assert attempt.nodes == cluster.run(run_id).nodes[g : g + 1]  # one node each
+        report(attempt.id, 20, checkpoint=g == 0)
+    assert cluster.run(run_id).lighthouse_addr == "http://127.0.0.1:29510"
+    return run_id, groups
+
+
+def test_a_node_failure_replaces_only_its_group_and_the_other_keeps_its_job(
+    cluster: Cluster,
+) -> None:
+    run_id, groups = two_groups_training(cluster)
+    bad = groups[1].nodes[0]
+    survivor_job = groups[0].slurm_job_id
+
+    cluster.xid(bad)
+    cluster.tick()
+
+    run = cluster.run(run_id)
+    assert run.state == RunState.RUNNING  # the run never stopped
+    assert cluster.slurm.jobs[survivor_job].state == "RUNNING"
+    assert cluster.slurm.jobs[groups[1].slurm_job_id].state == "CANCELLED"
+    failed = next(a for a in cluster.attempts(run_id) if a.id == groups[1].id)
+    assert failed.state == AttemptState.FAILED and failed.stop_reason == StopReason.NODE_FAILURE
+    replacement = live_groups(cluster, run_id)[1]
+    spare = run.nodes[1]
+    assert spare != bad and replacement.nodes == [spare]
+    assert replacement.resume_step is None  # it heals from group 0, not from disk
+    assert cluster.slurm.jobs[replacement.slurm_job_id].nodelist == (spare,)
+    (incident,) = cluster.incidents(bad)
+    assert incident.recovery_path == RecoveryPath.FAST and incident.classic_because is None
+    assert incident.spare_node == spare and incident.submitted_at is not None
+    assert "recovery.fast_path" in cluster.events(run_id)
+
+    cluster.slurm.schedule()
+    cluster.tick()
+    report(replacement.id, 24)  # healed at step 23, trained 24
+    (incident,) = cluster.incidents(bad)
+    assert incident.state == IncidentState.RESOLVED and incident.first_step_at is not None
+
+
+def test_both_groups_failing_at_once_restart_every_group_from_disk(cluster: Cluster) -> None:
+    run_id, groups = two_groups_training(cluster)
+    cluster.set_spares(2)
+    cluster.tick()
+    first, second = groups[0].nodes[0], groups[1].nodes[0]
+
+    cluster.xid(first)
+    cluster.xid(second)
+    cluster.tick()
+
+    paths = {n: cluster.incidents(n)[0] for n in (first, second)}
+    assert paths[first].recovery_path == RecoveryPath.FAST
+    assert paths[second].recovery_path == RecoveryPath.CLASSIC
+    assert paths[second].classic_because == ClassicBecause.ALL_COPIES_LOST
+    cluster.cycle()
+    run = cluster.run(run_id)
+    live = live_groups(cluster, run_id)
+    assert sorted(live) == [0, 1] and run.state == RunState.RUNNING
+    assert all(a.resume_step == 20 for a in live.values())  # both from the disk checkpoint
+    assert first not in run.nodes and second not in run.nodes
+
+
+def test_a_service_killed_after_deciding_the_fast_path_submits_the_replacement_once(
+    cluster: Cluster,
+) -> None:
+    run_id, groups = two_groups_training(cluster)
+    bad = groups[1].nodes[0]
+    cluster.xid(bad)
+    # The service dies right after the incident's transaction: the decision and the
+    # replacement attempt are in Postgres, its sbatch is not done.
+    process_incidents(cluster.settings, cluster.slurm)
+    replacement = live_groups(cluster, run_id)[1]
+    assert replacement.state == AttemptState.SUBMITTING and replacement.slurm_job_id is None
+
+    cluster.reconciler = Reconciler(cluster.settings, cluster.slurm)  # a fresh service
+    cluster.tick(3)
+
+    assert len(cluster.slurm.jobs_named(replacement.job_name)) == 1
+    assert live_groups(cluster, run_id)[1].state == AttemptState.PENDING
+    assert cluster.slurm.jobs[groups[0].slurm_job_id].state == "RUNNING"
+    (incident,) = cluster.incidents(bad)
+    assert incident.recovery_path == RecoveryPath.FAST
+    assert sum(a.replica_group == 1 for a in cluster.attempts(run_id)) == 2
