@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import IncidentState, RecoveryAction, Role
+from service.recovery.paths import ClassicBecause, RecoveryPath
 
 
 class SparePool(BaseModel):
@@ -44,6 +45,12 @@ class IncidentOut(BaseModel):
     first_step_at: datetime | None
     resolved_at: datetime | None
     details: dict[str, Any]
+    recovery_path: RecoveryPath | None = Field(
+        default=None, description="fast: only the failed replica group was replaced."
+    )
+    classic_because: ClassicBecause | None = Field(
+        default=None, description="Why the fast path could not handle it (classic only)."
+    )
     recovery_s: float | None = Field(
         default=None, description="Signal to first resumed step, seconds."
     )

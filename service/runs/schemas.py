@@ -184,6 +184,9 @@ class AttemptOut(BaseModel):
     node_list: str | None
     nodes: list[str]
     resume_step: int | None
+    replica_group: int | None = Field(
+        default=None, description="The replica group this attempt's job trains (None: all)."
+    )
     exit_code: int | None
     end_reason: str | None = Field(description="Why it ended, in words, for people.")
     stop_reason: StopReason | None = Field(
