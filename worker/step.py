@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -114,14 +114,19 @@ def train_step(
     config: WorkerRunConfig,
     dims: ParallelDims,
     device: torch.device,
+    before_update: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One optimizer step, without a host sync: returns the rank's loss sum and its count
-    (as forward_backward) and the global gradient norm before clipping, on the device."""
+    (as forward_backward) and the global gradient norm before clipping, on the device.
+    `before_update` runs just before the weights change (the loop waits there for a
+    checkpoint's copy of them)."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr  # a Python float: AdamW reads it on the host
     loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
     grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
+    if before_update is not None:
+        before_update()
     for optimizer in optimizers:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -198,8 +198,18 @@ def train_loop(
         lr = lr_at(step, config)
         # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
         # queued on the device like kernels; ranks meet there, the host does not wait.
+        # sync (host only, rarely): a checkpoint saved at the previous step is copied to
+        # host memory while this step's forward and backward run; the update waits for it.
         loss_sum, num_losses, grad_norm = train_step(
-            model, optimizers, batches, step, lr, config, dims, device
+            model,
+            optimizers,
+            batches,
+            step,
+            lr,
+            config,
+            dims,
+            device,
+            checkpointer.wait_for_staging,
         )
         window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
         trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
@@ -241,8 +251,8 @@ def train_loop(
             if is_rank0:
                 target = str(checkpoint.step_folder(config.checkpoint_path, step).resolve())
                 reporter.checkpoint(step, target, "WRITING")
-            # sync: the state is copied to host memory (a barrier first clears a stale
-            # folder); training waits for that copy only, a thread writes the files.
+            # sync: a barrier first clears a stale folder; then threads copy the state to
+            # host memory (waited for before the next update) and write the files.
             checkpointer.save(step)
             if last:  # the attempt ends here: its final checkpoint must be committed first
                 committed(checkpointer.wait())
@@ -255,6 +265,7 @@ def train_loop(
             break
 
     committed(checkpointer.wait())  # resumed at the last step: nothing in flight, a no-op
+    checkpointer.close()  # its staging thread and host copy of the state
     # Stopped early, the run is not finished: the service resumes or cancels it.
     if is_rank0 and not stopped_early:
         reporter.finish(trainer.step, last_checkpoint_step)

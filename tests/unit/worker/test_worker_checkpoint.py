@@ -110,8 +110,9 @@ def test_load_refuses_an_uncommitted_folder(tmp_path: Path) -> None:
 def test_async_saves_reuse_the_host_copy_yet_each_holds_its_own_values(
     tmp_path: Path, one_rank_world: None
 ) -> None:
-    """The AsyncCheckpointer copies into the same host buffers at every save: a second save
-    must write the weights of its own step, and the first must keep those of its step."""
+    """The AsyncCheckpointer copies into the same host buffers at every save, in a thread:
+    a second save must write the weights of its own step, the first keep those of its
+    step, and neither see the changes made once the copy was waited for."""
     model = build_model(
         ModelShape(**TINY_MODEL), seed=0, device=torch.device("cpu"), max_seq_len=16
     )
@@ -127,6 +128,7 @@ def test_async_saves_reuse_the_host_copy_yet_each_holds_its_own_values(
         trainer.step = step
         weights[step] = model.output.weight.detach().clone()
         saver.save(step)
+        saver.wait_for_staging()  # what the next step does before its update
         model.output.weight.data.add_(1.0)  # training goes on while the files are written
         assert saver.wait() is not None
     assert not torch.equal(weights[1], weights[2])
@@ -141,3 +143,4 @@ def test_async_saves_reuse_the_host_copy_yet_each_holds_its_own_values(
         checkpoint.load(checkpoint.step_folder(tmp_path, step), fresh_state)
         assert fresh_trainer.step == step
         assert torch.equal(fresh.output.weight, weights[step]), step
+    saver.close()
