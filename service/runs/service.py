@@ -120,7 +120,9 @@ def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelSha
         network=settings.network,
         worker_precision=worker_precision(settings),
     )
-    for field, why in replica_layout_problems(resolved.layout, spec.replica_groups):
+    # Only a run split into replica groups is limited to data parallel inside each group.
+    problems = replica_layout_problems(resolved.layout, spec.replica_groups)
+    for field, why in problems if spec.replica_groups > 1 else []:
         name = "fault_tolerance.replica_groups" if field == "dp" else f"parallelism.{field}"
         raise LayoutError(name, why)
     return shape, resolved
