@@ -198,8 +198,9 @@ def train_loop(
         lr = lr_at(step, config)
         # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
         # queued on the device like kernels; ranks meet there, the host does not wait.
-        # sync (host only, rarely): a checkpoint saved at the previous step is copied to
-        # host memory while this step's forward and backward run; the update waits for it.
+        # Except after a checkpoint step, once: the save's copy of the state to host memory
+        # runs beside this step's forward and backward, and the update waits for it (on a
+        # GPU that copy waits in turn for the device to reach it).
         loss_sum, num_losses, grad_norm = train_step(
             model,
             optimizers,
