@@ -160,3 +160,66 @@ def test_doctor_names_a_stopped_slurmctld(site: Site) -> None:
     assert checks["slurm gres"]["status"] == "skip"
     assert checks["filesystem written from nodes"]["status"] == "skip"
     assert site.doctor("--only", "slurm")[0] == 0
+
+
+def hook_env(site: Site, tmp_path: Path, node: str, **extra: str) -> dict[str, str]:
+    """What deploy/'s scripts see on a node: /etc/runyard/agent.env's settings (a file of the
+    test's own) and runyard installed at RUNYARD_HOME (this checkout's virtualenv)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    if not (home / "venv").exists():
+        (home / "venv").symlink_to(Path(sys.executable).parent.parent)
+    env_file = tmp_path / "agent.env"
+    env_file.write_text(
+        f"RUNYARD_NODE={node}\nRUNYARD_HOME={home}\nRUNYARD_KERNEL_LOG={tmp_path / 'kern.log'}\n"
+        f"RUNYARD_AGENT_STATE_ROOT={site.agents.root}\n"
+    )
+    return {
+        **os.environ,
+        "RUNYARD_AGENT_ENV": str(env_file),
+        "SLURM_CONF": str(site.dev.slurm_conf),
+        **extra,
+    }
+
+
+def test_health_check_program_drains_a_node_with_runyards_reason(
+    site: Site, tmp_path: Path
+) -> None:
+    node = "gpu008"
+    env = hook_env(site, tmp_path, node)
+    script = REPO_ROOT / "deploy" / "runyard-healthcheck.sh"
+    (tmp_path / "kern.log").write_text("an ordinary line\n")
+    assert subprocess.run([str(script)], env=env, timeout=60).returncode == 0
+    (tmp_path / "kern.log").write_text(
+        "an ordinary line\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, "
+        "GPU has fallen off the bus.\n"
+    )
+    try:
+        assert subprocess.run([str(script)], env=env, timeout=60).returncode == 1
+        reason = subprocess.run(
+            ["sinfo", "-h", "-R", "-n", node, "-o", "%E"], env=env, capture_output=True, text=True
+        ).stdout.strip()
+        assert reason == "runyard: healthcheck: xid 79 on PCI:0000:3b:00"
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env)
+    # The next check reads only new lines: the repaired node stays in service.
+    assert subprocess.run([str(script)], env=env, timeout=60).returncode == 0
+
+
+def test_prolog_and_epilog_reach_the_service_through_the_agent(site: Site, tmp_path: Path) -> None:
+    node = "gpu002"
+    slurm_vars = {"SLURMD_NODENAME": node, "SLURM_JOB_ID": "987654", "SLURM_JOB_NAME": "hooked"}
+    env = hook_env(site, tmp_path, node, **slurm_vars)
+    for phase in ("prolog", "epilog"):
+        done = subprocess.run([str(REPO_ROOT / "deploy" / f"slurm-{phase}.sh")], env=env)
+        assert done.returncode == 0
+    client = site.service.client()
+
+    def job_events() -> list[dict[str, Any]]:
+        events = client.get_node(node)["events"]
+        return [e for e in events if e["kind"].startswith("slurm:job_")]
+
+    seen = wait_for("the agent to deliver both hook events", lambda: len(job_events()) == 2)
+    assert seen
+    assert sorted(e["kind"] for e in job_events()) == ["slurm:job_end", "slurm:job_start"]
+    assert all("job 987654 (hooked)" in e["message"] for e in job_events())
