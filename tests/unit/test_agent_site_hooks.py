@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from service import config_doc
-from service.recovery.classification import DEFAULT_RULES
 from service.models import RecoveryAction
+from service.recovery.classification import DEFAULT_RULES
 from worker.agent.healthcheck import RESET_XIDS, Problem, kernel_problems
 from worker.agent.slurm_hook import Phase, job_event
 
