@@ -73,8 +73,9 @@ class SlurmClient(Protocol):
         ...
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        """The live jobs among `job_ids`, in one call. Not raising: a job missing from the
-        answer may have ended or Slurm may not have answered; ask job_details."""
+        """The live jobs among `job_ids`, in one call. A job missing from the answer left
+        the queue, or squeue failed: the CLI answers {} then rather than raising, so the
+        verdict rests on job_details."""
         ...
 
     def job_details(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:

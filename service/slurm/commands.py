@@ -256,7 +256,8 @@ def show_reservations() -> dict[str, list[str]]:
     for line in out.splitlines():
         fields = parse_key_values(line)
         if "ReservationName" in fields:
-            found[fields["ReservationName"]] = expand_hostlist(fields.get("Nodes", ""))
+            nodes = fields.get("Nodes", "")
+            found[fields["ReservationName"]] = [] if nodes == "(null)" else expand_hostlist(nodes)
     return found
 
 
