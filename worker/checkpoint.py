@@ -220,16 +220,12 @@ class HostCopy(AsyncStager):
             return {k: self._copy(v, (*key, str(k))) for k, v in value.items()}
         if type(value) in (list, tuple):
             return type(value)(self._copy(v, (*key, str(i))) for i, v in enumerate(value))
-        if isinstance(value, DTensor):  # this rank's shard, with the same global layout
+        if isinstance(value, DTensor):
+            # This rank's shard in host memory, under the same global layout (DCP's own
+            # stager does the same). Not DTensor.from_local: it would move the shard back
+            # to the mesh's GPU.
             local = self._copy_tensor(value.to_local(), key)
-            return DTensor.from_local(
-                local,
-                value.device_mesh,
-                value.placements,
-                run_check=False,
-                shape=value.shape,
-                stride=value.stride(),
-            )
+            return DTensor(local, value._spec, requires_grad=False)
         if isinstance(value, torch.Tensor):
             return self._copy_tensor(value, key)
         return value  # numbers and strings: read when state_dict() was called
