@@ -1,8 +1,10 @@
-"""`runyard run ...`: submit, list, show, cancel, checkpoints, events, watch, logs, report."""
+"""`runyard run ...`: submit, list, show, cancel, checkpoints, events, watch, logs, report,
+export."""
 
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +312,54 @@ def report(
         fail(f"cannot write the report into {out}: {exc.strerror}", Exit.USAGE)
     console.print(f"report of run {run_id}: {path}")
     hint(f"open {path} in a browser")
+
+
+class ExportFormat(StrEnum):
+    HF = "hf"  # a Hugging Face Llama folder: config.json, safetensors shards, tokenizer
+
+
+@app.command()
+def export(
+    run_id: int,
+    out: Path = typer.Option(..., "--out", help="A new (or empty) folder to write."),
+    step: int | None = typer.Option(None, "--step", help="Committed step (default: newest)."),
+    format: ExportFormat = typer.Option(ExportFormat.HF, "--format", help="hf: Hugging Face."),
+    tokenizer: Path | None = typer.Option(
+        None, help="Tokenizer folder to include (default: the from_hf folder's, if the data's)."
+    ),
+    max_shard_mb: int = typer.Option(4096, help="Largest safetensors file written."),
+    json: bool = JSON,
+) -> None:
+    """Write a committed checkpoint as a Hugging Face Llama folder, whatever layout trained
+    it. Runs here: needs the shared filesystem and the worker's packages (torch)."""
+    from client.hf_export import ExportChoiceError, export_source
+
+    run = call(lambda c: c.get_run(run_id))
+    rows = call(lambda c: c.run_checkpoints(run_id))
+    try:
+        source = export_source(run, rows, step, tokenizer)
+    except ExportChoiceError as exc:
+        fail(f"run {run_id}: {exc}", Exit.USAGE)
+    try:
+        from worker.hf.export import ExportError, export_hf
+    except ImportError as exc:
+        fail(f"export needs the worker's packages here ({exc.name}): pip install runyard[worker]")
+    try:
+        files = export_hf(
+            source.path,
+            source.shape,
+            out,
+            tokenizer=source.tokenizer,
+            tokenizer_sha256=source.tokenizer_sha256,
+            max_positions=source.max_positions,
+            eos_id=source.eos_id,
+            max_shard_bytes=max_shard_mb << 20,
+        )
+    except (ExportError, OSError) as exc:
+        fail(f"run {run_id} step {source.step}: {exc}", Exit.ERROR)
+    if json:
+        return print_json({"run_id": run_id, "step": source.step, "out": str(out), "files": files})
+    console.print(f"exported run {run_id} step {source.step} to {out}: {', '.join(files)}")
+    if source.note:
+        console.print(f"no tokenizer: {source.note}", highlight=False)
+    hint(f"transformers.AutoModelForCausalLM.from_pretrained({str(out.resolve())!r})")

@@ -17,6 +17,7 @@ import hashlib
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,8 +54,11 @@ def read_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
         for key, meta in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
     }
-    # no_dist: this one process plans and reads every shard itself.
-    dcp.load({"model": weights}, checkpoint_id=checkpoint, no_dist=True)
+    with warnings.catch_warnings():
+        # no_dist: this one process plans and reads every shard itself (DCP warns that it
+        # assumes so; it is what we ask for).
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": weights}, checkpoint_id=checkpoint, no_dist=True)
     return weights
 
 
