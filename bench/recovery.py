@@ -6,6 +6,10 @@ first resumed step, and reads the incident's timestamps from the service. Betwee
 drained node is resumed so the spare pool refills.
 
     runyard dev up && .venv/bin/python bench/recovery.py [--rounds 3]
+    runyard dev up && .venv/bin/python bench/recovery.py --compare
+
+--compare runs bench/recovery_compare.py instead: the classic path against the fast path
+(replica groups) on the same run and the same injected Xid 79.
 
 The last line is one JSON object with the figures, the target (signal in the log to first
 resumed step under 30 s for the tiny model) and "target_met".
@@ -94,9 +98,21 @@ def one_round(client: RunyardClient, dev: DevCluster, run_id: int) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--compare", action="store_true", help="classic path against fast path, one Xid each"
+    )
     args = parser.parse_args()
     dev = DevCluster(default_state_dir())
     client = RunyardClient(dev.service_url)
+    if args.compare:
+        from bench.recovery_compare import compare
+
+        result = compare(client, dev)
+        for path in ("classic", "fast"):
+            print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in result[path].items()), flush=True)
+        print(f"fast/classic GPU-seconds lost: {result['fast_over_classic_gpu_s']}")
+        print(json.dumps({"bench": "recovery_compare", **result}))
+        return
     spec = {
         "name": "bench-recovery",
         "model": "tiny",

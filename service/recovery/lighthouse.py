@@ -34,9 +34,13 @@ from service.models import Run, RunState
 log = logging.getLogger(__name__)
 
 # How long the lighthouse waits for a group that stopped heartbeating before it forms a
-# quorum without it, and how long for stragglers to join. torchft's defaults (5 s, 60 s)
-# suit large jobs; a dead group is also cut off by the collective timeout (Settings).
-HEARTBEAT_TIMEOUT_MS = 5000
+# quorum without it: the survivors' stall once the service has scancelled the failed
+# group's job (the Xid's drain does that, sooner than any collective timeout). Managers
+# heartbeat every 100 ms (torchft's default), so 2 s is 20 missed heartbeats; torchft's
+# default of 5 s stalled a two-group toy 5 s per failure. How long a new quorum waits for
+# stragglers that still heartbeat: torchft's 60 s default would hold every survivor while
+# a replacement starts up, 2 s lets them go on and the replacement joins the next one.
+HEARTBEAT_TIMEOUT_MS = 2000
 JOIN_TIMEOUT_MS = 2000
 
 

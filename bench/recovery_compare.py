@@ -1,0 +1,166 @@
+"""`bench/recovery.py --compare`: the classic path against the fast path, same run, same Xid.
+
+Both runs are the same spec on the same nodes (4 nodes of 1 GPU, the tiny model), the fast
+one as 4 replica groups of one node. Each is hit by a real-format Xid 79 in one node's
+kernel log half a checkpoint interval after a commit (the average failure's distance from
+its last checkpoint), read by the node's real health agent. From the run's metric rows:
+
+- when each step finished: a report carries the steps of one window, the last finished
+  when the report was sent and each earlier one a mean step time before it;
+- the step reached at the Xid (S): the highest step finished before the Xid line;
+- seconds to the next productive step: from the Xid line to the first step above S;
+- steps recomputed: steps at or below S finished again after the Xid;
+- GPU-seconds lost, ranks idle or recomputing, summed. Classic: every rank from the Xid to
+  the next productive step. Fast: the surviving groups' ranks until their next productive
+  step (they train the missing group's share meanwhile: productive), plus the failed
+  group's ranks until its replacement's first step (the spare joining the run).
+
+Targets: the fast path recomputes at most 1 step and loses at most a third of the classic
+path's GPU-seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from client.api import RunyardClient
+from client.devcluster.cluster import DevCluster
+from client.devcluster.demo import inject_xid_79, spares_held
+
+NODES, GROUPS = 4, 4
+CHECKPOINT_EVERY = 60
+SPEC: dict[str, Any] = {
+    "model": "tiny",
+    "nodes": NODES,
+    "gpus_per_node": 1,
+    "seq_len": 128,
+    "global_batch": 8,
+    "steps": 100_000,
+    "lr": 3e-3,
+    "checkpoint_every": CHECKPOINT_EVERY,
+    "max_restarts": 0,
+}
+
+
+def _wait(what: str, probe: Any, timeout_s: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"bench: timed out waiting for {what}")
+
+
+def step_finish_times(rows: list[dict[str, Any]]) -> dict[int, list[tuple[int, float]]]:
+    """{attempt id: [(step, finished at, epoch s)]} from the metric rows (pure)."""
+    reports: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        reports[(row["attempt_id"], row["recorded_at"])].append(row)
+    out: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for (attempt_id, recorded_at), report in reports.items():
+        sent = datetime.fromisoformat(recorded_at).timestamp()
+        last = max(r["step"] for r in report)
+        for r in report:
+            out[attempt_id].append((r["step"], sent - (last - r["step"]) * (r["step_time_s"] or 0)))
+    return out
+
+
+def figures(
+    rows: list[dict[str, Any]],
+    xid_at: float,
+    ranks: int,
+    failed_ranks: int,
+    replacement: int | None,
+) -> dict[str, float]:
+    """The three figures of one path (pure; see the module docstring)."""
+    done = step_finish_times(rows)
+    everything = [(s, t) for steps in done.values() for s, t in steps]
+    reached = max(s for s, t in everything if t <= xid_at)
+    next_at = min(t for s, t in everything if s > reached and t > xid_at)
+    recomputed = {s for s, t in everything if s <= reached and t > xid_at}
+    if replacement is None:  # classic: every rank waits for the restarted run
+        lost = ranks * (next_at - xid_at)
+    else:
+        rejoined = min(t for _, t in done[replacement])
+        lost = (ranks - failed_ranks) * (next_at - xid_at) + failed_ranks * (rejoined - xid_at)
+    return {
+        "step_at_xid": reached,
+        "xid_to_next_productive_step_s": round(next_at - xid_at, 2),
+        "gpu_s_lost": round(lost, 1),
+        "steps_recomputed": len(recomputed),
+    }
+
+
+def _metrics(client: RunyardClient, run_id: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    while batch := client.run_metrics(run_id, after_step=rows[-1]["step"] if rows else -1):
+        rows += batch
+        if len(batch) < 1000:
+            break
+    return rows
+
+
+def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, float]:
+    spec = {**SPEC, "name": f"bench-compare-{'fast' if fast else 'classic'}"}
+    if fast:
+        spec["fault_tolerance"] = {"replica_groups": GROUPS}
+    run_id = client.submit_run(spec)["id"]
+    try:
+
+        def live() -> list[dict[str, Any]]:
+            return [a for a in client.get_run(run_id)["attempts"] if a["state"] == "RUNNING"]
+
+        def ready() -> bool:
+            commits = [c["step"] for c in client.run_checkpoints(run_id) if c["state"] != "WRITING"]
+            step = client.get_run(run_id)["last_step"] or 0
+            return (
+                len(live()) == (GROUPS if fast else 1)
+                and bool(commits)
+                and step >= max(commits) + CHECKPOINT_EVERY // 2
+            )
+
+        _wait("training half an interval past a commit", ready, timeout_s=300)
+        before = {a["id"]: a for a in client.get_run(run_id)["attempts"]}
+        victim = max(live(), key=lambda a: a["replica_group"] or 0)
+        node = victim["nodes"][-1]
+        xid_at = time.time()
+        inject_xid_79(dev.kern_log(node), pid=0)
+
+        def recovered() -> dict[str, Any] | None:
+            attempts = client.get_run(run_id)["attempts"]
+            new = [a for a in attempts if a["id"] not in before and a["first_step"] is not None]
+            return new[0] if new else None
+
+        replacement = _wait("the replacement's first step", recovered)
+        time.sleep(3 * 2.0)  # a few report windows more: the survivors' steps after it
+        rows = _metrics(client, run_id)
+    finally:
+        client.cancel_run(run_id)
+    client.resume_node(node)
+    per_group = NODES // (GROUPS if fast else 1)
+    return figures(
+        rows,
+        xid_at,
+        ranks=NODES,
+        failed_ranks=per_group,
+        replacement=replacement["id"] if fast else None,
+    )
+
+
+def compare(client: RunyardClient, dev: DevCluster) -> dict[str, Any]:
+    results = {}
+    with spares_held(client, 1):
+        for fast in (False, True):
+            _wait("a spare", lambda: client.get_spares()["members"])
+            results["fast" if fast else "classic"] = one_path(client, dev, fast)
+    classic, fast = results["classic"], results["fast"]
+    ratio = fast["gpu_s_lost"] / classic["gpu_s_lost"] if classic["gpu_s_lost"] else float("inf")
+    return {
+        **results,
+        "fast_over_classic_gpu_s": round(ratio, 3),
+        "targets": {"fast_steps_recomputed_max": 1, "fast_over_classic_gpu_s_max": 1 / 3},
+        "target_met": fast["steps_recomputed"] <= 1 and ratio <= 1 / 3,
+    }
