@@ -13,7 +13,7 @@ Target: the asynchronous save blocks training for under 10% of the synchronous s
 time (medians). Also printed: how much slower the steps beside an asynchronous save run
 in all (its copy and its writer share this two-core machine with them).
 
-    .venv/bin/python bench/checkpoint.py [--reps 5] [--dir FOLDER]
+    .venv/bin/python bench/checkpoint.py [--reps 3] [--dir FOLDER]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def state_bytes(state: dict[str, checkpoint.Stateful]) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of each measurement")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each measurement")
     parser.add_argument("--dir", type=Path, help="where to write (default: a temporary folder)")
     args = parser.parse_args()
     init_distributed(read_launch_env({}), torch.device("cpu"))
