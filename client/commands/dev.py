@@ -26,9 +26,12 @@ def up(
     nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
     leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
     port: int = typer.Option(8000, help="Service port on 127.0.0.1."),
+    replicas: int = typer.Option(
+        1, min=1, max=8, help="Service processes; more than one sit behind a proxy on --port."
+    ),
 ) -> None:
     """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
-    dev = cluster.DevCluster(cluster.default_state_dir(), service_port=port)
+    dev = cluster.DevCluster(cluster.default_state_dir(), service_port=port, replicas=replicas)
     try:
         cluster.up(nodes, leaf_size, dev, say=_say)
     except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:

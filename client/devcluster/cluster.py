@@ -45,6 +45,18 @@ class DevCluster:
     state_dir: Path
     service_port: int = 8000
     database_url: str = DEFAULT_DATABASE_URL
+    replicas: int = 1  # service processes; more than one sit behind a proxy on service_port
+
+    @property
+    def replica_ports(self) -> list[int]:
+        """One replica listens on service_port itself; several on the ports above it."""
+        if self.replicas == 1:
+            return [self.service_port]
+        return [self.service_port + i for i in range(1, self.replicas + 1)]
+
+    def replica_key(self, index: int) -> str:
+        """The replica's name in the process table ("service" when it is the only one)."""
+        return "service" if self.replicas == 1 else f"service:{index + 1}"
 
     @property
     def slurm_conf(self) -> Path:
@@ -74,11 +86,13 @@ class DevCluster:
     def slurm_env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
 
-    def service_env(self) -> dict[str, str]:
+    def service_env(self, port: int | None = None) -> dict[str, str]:
         return {
             **self.slurm_env(),
             "RUNYARD_DATABASE_URL": self.database_url,
-            "RUNYARD_PORT": str(self.service_port),
+            "RUNYARD_PORT": str(port or self.service_port),
+            # Workers and agents reach the service through its one address (the proxy's).
+            "RUNYARD_PUBLIC_URL": self.service_url,
             "RUNYARD_STATE_DIR": str(self.state_dir),
             "RUNYARD_SLURM_CONF": str(self.slurm_conf),
             "RUNYARD_PARTITION": PARTITION,
@@ -239,6 +253,29 @@ def service_argv(port: int) -> list[str]:
     ]
 
 
+def proxy_argv(listen: int, backends: list[int]) -> list[str]:
+    """The proxy that gives several replicas one address (client/devcluster/proxy.py)."""
+    argv = [sys.executable, "-m", "client.devcluster.proxy", "--listen", str(listen)]
+    for port in backends:
+        argv += ["--backend", str(port)]
+    return argv
+
+
+def _check_replica_count(cluster: DevCluster, table: dict[str, Started]) -> None:
+    running = {n for n, p in table.items() if is_alive(p) and n.startswith(("service", "proxy"))}
+    wanted = {cluster.replica_key(i) for i in range(cluster.replicas)}
+    wanted |= {"proxy"} if cluster.replicas > 1 else set()
+    if running - wanted:
+        raise DevClusterError(
+            f"the dev cluster runs {', '.join(sorted(running))}, not {cluster.replicas} "
+            "replica(s); run `runyard dev down` first to change --replicas"
+        )
+
+
+def _healthy_at(url: str) -> Callable[[], bool]:
+    return lambda: _service_healthy(url)
+
+
 def _service_healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
@@ -254,19 +291,32 @@ def _start_service(
     postgres.ensure_database(cluster.database_url)
     postgres.migrate(cluster.database_url, env=cluster.service_env())
     _mint_tokens(cluster, shape)
+    _check_replica_count(cluster, table)
     log_dir = cluster.state_dir / "log"
-    if not (p := table.get("service")) or not is_alive(p):
-        if _service_healthy(cluster.service_url):
+    for index, port in enumerate(cluster.replica_ports):
+        key = cluster.replica_key(index)
+        if (p := table.get(key)) and is_alive(p):
+            continue
+        url = f"http://127.0.0.1:{port}"
+        if _service_healthy(url):
             raise DevClusterError(
-                f"port {cluster.service_port} already serves something not started by this "
+                f"port {port} already serves something not started by this "
                 "dev cluster; stop it or set another port with --port"
             )
-        say(f"starting the service on {cluster.service_url}")
-        table["service"] = spawn(
-            "service",
-            service_argv(cluster.service_port),
-            log_dir / "service.out",
-            env=cluster.service_env(),
+        say(f"starting the service on {url}")
+        log_name = "service.out" if cluster.replicas == 1 else f"service-{index + 1}.out"
+        table[key] = spawn(
+            key, service_argv(port), log_dir / log_name, env=cluster.service_env(port)
+        )
+        cluster.table.save(table)
+        # One at a time: the first replica's reconciler takes the leader lock.
+        _wait(f"the service on port {port}", _healthy_at(url), 60)
+    if cluster.replicas > 1 and (not (p := table.get("proxy")) or not is_alive(p)):
+        say(f"starting the proxy on {cluster.service_url} for ports {cluster.replica_ports}")
+        table["proxy"] = spawn(
+            "proxy",
+            proxy_argv(cluster.service_port, cluster.replica_ports),
+            log_dir / "proxy.out",
         )
         cluster.table.save(table)
     _wait("the service", lambda: _service_healthy(cluster.service_url), 60)
