@@ -40,26 +40,26 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
         if not runs:
             return
         nodes = {n.name: n for n in session.query(Node).all()}
+        in_slurm = snapshot.free_nodes()  # one pass: asking per node and run was quadratic
+        healthy_free = [
+            (n.name, n.switch)
+            for n in nodes.values()
+            if n.state == NodeState.HEALTHY and n.name in in_slurm
+        ]
+        pool = [
+            (n.name, n.switch)
+            for n in nodes.values()
+            if n.state == NodeState.SPARE and _idle_in_slurm(snapshot, n.name)
+        ]
         taken: set[str] = set()
         for run in runs:
+            if _still_waiting(run, len(healthy_free) - len(taken & in_slurm), len(pool)):
+                continue  # the same wait as last tick: nothing to write, no lock to take
             run = repository.get_run(session, run.id, for_update=True) or run
             need = run.num_nodes - len(run.nodes)
             kept_switches = {nodes[n].switch for n in run.nodes if n in nodes}
-            free = [
-                (n.name, n.switch)
-                for n in nodes.values()
-                if n.state == NodeState.HEALTHY
-                and snapshot.is_free(n.name)
-                and n.name not in taken
-                and n.name not in run.nodes
-            ]
-            idle_spares = [
-                (n.name, n.switch)
-                for n in nodes.values()
-                if n.state == NodeState.SPARE
-                and _idle_in_slurm(snapshot, n.name)
-                and n.name not in taken
-            ]
+            free = [f for f in healthy_free if f[0] not in taken and f[0] not in run.nodes]
+            idle_spares = [f for f in pool if f[0] not in taken]
             chosen = nodes_for_run(free, kept_switches, need, idle_spares)
             if chosen is None:
                 shrink_or_wait(session, run, need, len(free))
@@ -70,6 +70,22 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
                 node_event(session, spare, "spare.assigned", f"run {run.id} waited for a node")
             hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
+
+
+def waiting_reason(need: int, free: int) -> str:
+    return f"waiting for {need} free healthy node(s); {free} free now"
+
+
+def _still_waiting(run: Run, free: int, spares: int) -> bool:
+    """True when `run` cannot be placed, cannot shrink, and already says so: with 10,000
+    runs queued, locking and re-judging each one every tick cost seconds."""
+    need = run.num_nodes - len(run.nodes)
+    usable = free + (spares if run.nodes else 0)
+    return (
+        need > usable
+        and not may_shrink(run.min_nodes, len(run.nodes))
+        and run.state_reason == waiting_reason(need, free)
+    )
 
 
 def nodes_for_run(
@@ -175,7 +191,7 @@ def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
             )
             return
     else:
-        reason = f"waiting for {need} free healthy node(s); {free} free now"
+        reason = waiting_reason(need, free)
     if run.state_reason != reason:
         run.state_reason = reason
         record_event(session, run, "run.waiting", reason)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.db import session_scope
-from service.models import AttemptState, RunState
+from service.models import Attempt, AttemptState, Run, RunState
 from service.reconcile.placement import adopt_array_nodes
 from service.reconcile.verdict import judge_ended_attempt
 from service.recovery import timeline
@@ -36,11 +37,21 @@ def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
     """Read every queued or running attempt's job and act on changes: one squeue for
     all of them, one `scontrol show job` for those that left the queue."""
     with session_scope() as session:
+        # The attempts themselves, in SQL: loading every queued run to find them did not
+        # scale to 10,000 queued runs.
         watched = [
-            (a.id, a.slurm_job_id)
-            for run in repository.runs_in_states(session, [RunState.PENDING, RunState.RUNNING])
-            for a in run.attempts
-            if a.state in (AttemptState.PENDING, AttemptState.RUNNING) and a.slurm_job_id
+            (attempt_id, job)
+            for attempt_id, job in session.execute(
+                select(Attempt.id, Attempt.slurm_job_id)
+                .join(Run, Run.id == Attempt.run_id)
+                .where(
+                    Run.state.in_([RunState.PENDING, RunState.RUNNING]),
+                    Attempt.state.in_([AttemptState.PENDING, AttemptState.RUNNING]),
+                    Attempt.slurm_job_id.is_not(None),
+                )
+                .order_by(Run.id, Attempt.number)
+            ).all()
+            if job
         ]
     if not watched:
         return

@@ -57,7 +57,7 @@ def request_stop(
 def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
     """A waiting run may take nodes from running runs of lower priority, lowest first."""
     with session_scope() as session:
-        request_preemptions(session, sum(1 for n in snapshot.nodes if snapshot.is_free(n)))
+        request_preemptions(session, len(snapshot.free_nodes()))
 
 
 def request_preemptions(session: Session, num_free_nodes: int) -> None:

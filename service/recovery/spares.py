@@ -68,6 +68,7 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
     """Refill (or shrink) the pool toward its target, then make the reservation match."""
     name = spare_reservation(settings.slurm_job_prefix)
     ours = set(snapshot.reservations.get(name, []))
+    free = snapshot.free_nodes()
     with session_scope() as session:
         target = get_target(session)
         spares = spare_nodes(session, for_update=True)
@@ -83,7 +84,7 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
                     .order_by(Node.name)
                     .with_for_update()
                 ).all()
-                if n.name not in held and (snapshot.is_free(n.name) or n.name in ours)
+                if n.name not in held and (n.name in free or n.name in ours)
             ]
             by_name = {n.name: n for n in candidates}
             for chosen in choose_new_spares(

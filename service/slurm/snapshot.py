@@ -31,6 +31,19 @@ class ClusterSnapshot:
             return False
         return node.state.split("+")[0] == "IDLE" and not any(f in node.state for f in BAD_FLAGS)
 
+    def free_nodes(self) -> set[str]:
+        """Every free node (see is_free), in one pass: a caller that asks of many nodes
+        uses this, since is_free gathers the reserved nodes at each call (1,280 nodes under
+        200 run reservations made that quadratic: seconds per tick)."""
+        reserved = self.reserved()
+        return {
+            name
+            for name, node in self.nodes.items()
+            if name not in reserved
+            and node.state.split("+")[0] == "IDLE"
+            and not any(f in node.state for f in BAD_FLAGS)
+        }
+
     def is_usable(self, name: str) -> bool:
         """Could run a job (idle or busy), i.e. not drained, down or failed."""
         node = self.nodes.get(name)
