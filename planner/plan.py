@@ -251,6 +251,12 @@ def _result(
             interval_steps=rel.checkpoint_interval_steps,
         ),
         goodput=rel.goodput,
+        goodput_fast=rel.goodput_fast,
+        fast_replica_groups=rel.replica_groups,
+        lost_s_per_interruption={
+            "classic": rel.classic_lost_s,
+            **({"fast": rel.fast_lost_s} if rel.fast_lost_s is not None else {}),
+        },
         spare_nodes=rel.spare_nodes,
         runners_up=runners_up,
         rejected=dict(outcome.rejected),

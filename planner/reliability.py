@@ -30,6 +30,17 @@ DEFAULT_STORAGE_BYTES_PER_S = 2e12
 DEFAULT_STORAGE_BYTES_PER_S_PER_NODE = 25e9
 
 
+# Measured by `bench/recovery.py --compare` on the dev cluster (4 groups of 1 node, tiny
+# model, an Xid 79 in a node's kernel log): the survivors' stall from the Xid line to their
+# next step, and the failed group's time out until its replacement's first step. The
+# stall is the agent's report, the drain and scancel, and the lighthouse's 2 s heartbeat
+# timeout; none grows with the run. The rejoin is an sbatch onto a reserved spare, Python
+# and torch start-up and the model build: at scale add the heal transfer (assess()) and
+# the start-up of one group's ranks instead of the whole run's.
+FAST_STALL_S = 4.0
+FAST_REJOIN_S = 15.0
+
+
 @dataclass(frozen=True, slots=True)
 class ReliabilityAssumptions:
     """Inputs an operator may override; defaults are the published or stated figures."""
@@ -43,6 +54,14 @@ class ReliabilityAssumptions:
     # Detect (heartbeat / NCCL watchdog), drain, swap in a spare, relaunch and re-form
     # NCCL groups: minutes at scale. An assumption to be replaced by measured restarts.
     restart_s: float = 600.0
+    # The fast path (replica groups, docs/design.md "Fast recovery"): the groups a run is
+    # split into for it (0: no fast path), how long the surviving groups stall before the
+    # quorum drops the failed one, and how long the failed group's share of the GPUs is
+    # out before its replacement trains again, besides copying the state from a peer.
+    # Both measured on the dev cluster by `bench/recovery.py --compare` (see the design).
+    replica_groups: int = 2
+    fast_stall_s: float = FAST_STALL_S
+    fast_rejoin_s: float = FAST_REJOIN_S
     # Time a failed node stays out of the pool before it is repaired or replaced.
     repair_window_h: float = 24.0
     spare_risk: float = 0.01  # allowed chance of running out of spares in a window
@@ -57,8 +76,13 @@ class Reliability:
     checkpoint_write_s: float
     checkpoint_interval_s: float  # compute time between checkpoints, whole steps
     checkpoint_interval_steps: int
-    goodput: float  # expected productive share of allocated time
+    goodput: float  # expected productive share of allocated time (classic path)
     spare_nodes: int
+    # The fast path with `replica_groups` groups (None: the layout cannot be split so).
+    goodput_fast: float | None = None
+    replica_groups: int = 0
+    classic_lost_s: float = 0.0  # whole-run seconds lost per interruption, classic path
+    fast_lost_s: float | None = None  # the same on the fast path
 
 
 def checkpoint_bytes(model: ModelShape) -> float:
@@ -94,6 +118,29 @@ def expected_goodput(interval_s: float, write_s: float, restart_s: float, mtbi_s
     return max(0.0, interval_s / cycle * (1 - lost_per_interruption / mtbi_s))
 
 
+def fast_path_lost_s(
+    groups: int,
+    step_s: float,
+    stall_s: float,
+    rejoin_s: float,
+    heal_s: float,
+    classic_lost_s: float,
+    mtbi_s: float,
+) -> float:
+    """Whole-run seconds lost per interruption on the fast path.
+
+    Every GPU stalls for `stall_s` and redoes the step in flight; the failed group's share
+    (1 / groups of the GPUs) is out until its replacement has started and healed. A second
+    failure in another group before the replacement healed leaves no live copy for some
+    state with two groups (recovery/paths.py): such interruptions, a share of about
+    rejoin / MTBI of them, take the classic path.
+    """
+    out_s = rejoin_s + heal_s
+    fast = stall_s + step_s + out_s / groups
+    classic_share = min(1.0, out_s / mtbi_s) if groups == 2 else 0.0
+    return (1 - classic_share) * fast + classic_share * classic_lost_s
+
+
 def spares_needed(expected_failures: float, risk: float) -> int:
     """Smallest pool s with P(Poisson(expected_failures) > s) < risk."""
     term = cumulative = math.exp(-expected_failures)
@@ -124,6 +171,18 @@ def assess(
     interval = steps * step_s
     # Restarting also reads the checkpoint back, at the same storage rate.
     goodput = expected_goodput(interval, write_s, a.restart_s + write_s, mtbi_s)
+    cycle = interval + write_s
+    classic_lost = a.restart_s + write_s + cycle / 2
+    goodput_fast, fast_lost = None, None
+    groups = a.replica_groups
+    if groups >= 2 and num_nodes % groups == 0 and cycle > 0:
+        # A replacement heals from a peer: each of its nodes receives the group's share of
+        # the checkpoint over the network, at the rate assumed for storage per node.
+        heal_s = size / (num_nodes // groups * a.storage_bytes_per_s_per_node)
+        fast_lost = fast_path_lost_s(
+            groups, step_s, a.fast_stall_s, a.fast_rejoin_s, heal_s, classic_lost, mtbi_s
+        )
+        goodput_fast = max(0.0, interval / cycle * (1 - fast_lost / mtbi_s))
     failures_per_node_hour = a.failures_per_gpu_hour * gpus_per_node
     expected = failures_per_node_hour * num_nodes * a.repair_window_h
     return Reliability(
@@ -134,4 +193,8 @@ def assess(
         checkpoint_interval_steps=steps,
         goodput=goodput,
         spare_nodes=spares_needed(expected, a.spare_risk),
+        goodput_fast=goodput_fast,
+        replica_groups=groups if goodput_fast is not None else 0,
+        classic_lost_s=classic_lost,
+        fast_lost_s=fast_lost,
     )

@@ -94,6 +94,16 @@ class PlanResult(_Out):
     mtbi_h: float = Field(description="Mean time between interruptions of the whole run.")
     checkpoint: CheckpointPlan
     goodput: float = Field(description="Expected productive share of allocated time.")
+    goodput_fast: float | None = Field(
+        default=None,
+        description="The same with the fast recovery path (replica groups healing from a "
+        "live peer); None when the nodes cannot be split into the groups.",
+    )
+    fast_replica_groups: int = Field(default=0, description="Replica groups goodput_fast assumes.")
+    lost_s_per_interruption: dict[str, float] = Field(
+        default_factory=dict,
+        description="Whole-run seconds lost per interruption, by recovery path.",
+    )
     spare_nodes: int = Field(description="Hot spares for P(run out during a repair) < 1 %.")
     runners_up: list[Alternative]
     rejected: dict[str, int] = Field(description="Layouts not chosen, counted by reason.")

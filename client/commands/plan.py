@@ -193,6 +193,15 @@ def print_plan(result: dict[str, Any]) -> None:
         f"{result['spare_nodes']} spare nodes",
         highlight=False,
     )
+    lost = result.get("lost_s_per_interruption") or {}
+    if result.get("goodput_fast") is not None:
+        console.print(
+            f"recovery: classic path (restart from disk) goodput {result['goodput']:.1%}, "
+            f"{lost.get('classic', 0) / 60:.1f} min lost per failure; fast path "
+            f"({result['fast_replica_groups']} replica groups) goodput "
+            f"{result['goodput_fast']:.1%}, {lost.get('fast', 0):.0f} s lost per failure",
+            highlight=False,
+        )
     print_table(
         "runners-up",
         ["LAYOUT", "STEP S", "TOK/S", "MFU", "GIB/GPU"],
