@@ -32,15 +32,38 @@ def slurm_env() -> dict[str, str]:
     return env
 
 
-def run_slurm(argv: list[str], *, check: bool = True) -> str:
+# What squeue and scontrol say when asked for jobs slurmctld has forgotten: an answer
+# ("none of those"), not an outage.
+UNKNOWN_JOB = "Invalid job id"
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     try:
-        out = subprocess.run(
+        return subprocess.run(
             argv, capture_output=True, text=True, env=slurm_env(), timeout=TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmError(f"{shlex.join(argv)}: {exc}") from exc
+
+
+def _failed(argv: list[str], out: subprocess.CompletedProcess[str]) -> SlurmError:
+    return SlurmError(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+
+
+def run_slurm(argv: list[str], *, check: bool = True) -> str:
+    out = _run(argv)
     if check and out.returncode != 0:
-        raise SlurmError(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+        raise _failed(argv, out)
+    return out.stdout
+
+
+def query_jobs(argv: list[str]) -> str:
+    """Run a job query that may name forgotten jobs. Slurm exits non-zero both for those
+    and when slurmctld does not answer; only the first is an answer. Raising on the second
+    matters: read as "no such jobs", an outage would fail every running attempt."""
+    out = _run(argv)
+    if out.returncode != 0 and UNKNOWN_JOB not in out.stderr:
+        raise _failed(argv, out)
     return out.stdout
 
 
@@ -94,12 +117,12 @@ def parse_exit_code(text: str) -> int | None:
 
 
 def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
-    """Live jobs among `job_ids`, in one call."""
+    """Live jobs among `job_ids`, in one call; SlurmError when slurmctld does not answer."""
     if not job_ids:
         return {}
     # -r: one line per array task (`123_4`), pending ones too, not one `123_[4-9%2]` line.
     argv = ["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"]
-    out = run_slurm(argv, check=False)
+    out = query_jobs(argv)
     jobs = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -169,7 +192,7 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     argv = ["scontrol", "show", "job", "-o"]
     if len(job_ids) == 1:
         argv.append(job_ids[0])
-    out = run_slurm(argv, check=False)
+    out = query_jobs(argv)
     found = parse_jobs(out, job_ids)
     if len(job_ids) == 1 and not found and out.strip():
         # Asked by id, the one record is that job whatever id it lists first.

@@ -102,8 +102,8 @@ class FakeSlurm:
     # --- driving the fake (what the cluster and the workers do) -------------------------
 
     def break_call(self, call: str, error: str = "slurmctld not responding") -> None:
-        """From now on `call` (a SlurmClient method name) raises SlurmError(error). For
-        `queue` that is stricter than the CLI, whose failing squeue reads as an empty queue."""
+        """From now on `call` (a SlurmClient method name) raises SlurmError(error), as the
+        CLI client does when slurmctld does not answer."""
         self.broken[call] = error
 
     def heal_call(self, call: str) -> None:

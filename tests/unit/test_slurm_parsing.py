@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from service.slurm.commands import parse_exit_code, parse_gpus, parse_key_values
 
 JOB_LINE = (
@@ -89,3 +91,26 @@ def test_scontrol_job_records_answer_to_their_id_and_their_array_task_id() -> No
     assert jobs["6"].node_list == "gpu[001-002]"
     assert jobs["7_2"].state == "COMPLETED" and jobs["7_2"].exit_code == 0
     assert parse_jobs(out, ["7"])["7"].node_list == ""  # (null) while pending
+
+
+def test_forgotten_jobs_are_an_answer_and_an_outage_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """squeue exits 1 both for job ids slurmctld forgot and when it does not answer; only
+    the first may read as "no such jobs" (the second would fail every running attempt)."""
+    import subprocess
+
+    from service.slurm import commands
+
+    def slurm_says(stderr: str) -> None:
+        done = subprocess.CompletedProcess(["squeue"], 1, stdout="", stderr=stderr)
+        monkeypatch.setattr(commands, "_run", lambda argv: done)
+
+    slurm_says("slurm_load_jobs error: Invalid job id specified\n")
+    assert commands.squeue(["999999"]) == {}
+    assert commands.show_jobs(["999999"]) == {}
+    slurm_says("slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
+    with pytest.raises(commands.SlurmError, match="Unable to contact"):
+        commands.squeue(["42"])
+    with pytest.raises(commands.SlurmError, match="Unable to contact"):
+        commands.show_jobs(["42", "43"])

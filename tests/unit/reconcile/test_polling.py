@@ -86,3 +86,21 @@ def test_an_array_queued_before_a_crash_is_adopted_with_its_tokens(
     for run_id in runs:  # the tokens the tasks were started with stay valid
         (token,) = tokens_of(cluster.attempts(run_id)[0].id)
         assert token.revoked_at is None
+
+
+def test_a_slurm_outage_ends_no_attempt(cluster: Cluster) -> None:
+    """slurmctld not answering is "cannot tell", never "the jobs are gone": the attempts
+    keep running and are read again once Slurm answers."""
+    run_id = cluster.submit_run("through-an-outage")
+    cluster.cycle()
+    assert cluster.attempts(run_id)[0].state == AttemptState.RUNNING
+    cluster.slurm.break_call("queue")
+    cluster.slurm.break_call("job_details")
+    for _ in range(3):
+        cluster.tick()
+    assert cluster.attempts(run_id)[0].state == AttemptState.RUNNING
+    assert cluster.run(run_id).num_restarts == 0
+    cluster.slurm.heal_call("queue")
+    cluster.slurm.heal_call("job_details")
+    cluster.tick()
+    assert cluster.attempts(run_id)[0].state == AttemptState.RUNNING
