@@ -15,6 +15,7 @@ from .dataset import (
     dataset_problems,
     read_dataset_index,
 )
+from .entrypoint import Entrypoint
 from .exit_codes import ExitCode
 from .fault_tolerance import ReplicaGroupConfig, group_layout, replica_layout_problems
 from .hf_config import (
@@ -44,6 +45,7 @@ __all__ = [
     "DatasetIndex",
     "DatasetIndexError",
     "DatasetProblem",
+    "Entrypoint",
     "ExitCode",
     "Float8Scaling",
     "HfCheckpointError",

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from ._frozen import Frozen
+from .entrypoint import Entrypoint
 from .fault_tolerance import ReplicaGroupConfig, replica_layout_problems
 from .layout import ParallelLayout, layout_problems
 from .model_shape import ModelShape
@@ -54,6 +55,9 @@ class WorkerRunConfig(Frozen):
         "loads instead of a random init; None: random init from seed.",
     )
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
+    entrypoint: Entrypoint | None = Field(
+        default=None, description="The user's training script instead of runyard's trainer."
+    )
     fault_tolerance: ReplicaGroupConfig | None = Field(
         default=None, description="This attempt's replica group; None: one group, no peers."
     )

@@ -34,6 +34,12 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
                 f"service sent attempt {config.attempt_id}'s config for attempt {attempt_id}"
             )
         from worker.distributed import read_launch_env  # torch from here on
+
+        if config.entrypoint is not None:  # the user's own script, which reports itself
+            from worker.entrypoint import run_entrypoint
+
+            run_entrypoint(config, read_launch_env(), service_url)
+            return
         from worker.train import train
 
         if config.fault_tolerance is not None:  # one replica group of the run

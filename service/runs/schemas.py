@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract import (
+    Entrypoint,
     Float8Scaling,
     ModelShape,
     ParallelLayout,
@@ -141,6 +142,12 @@ class RunSpec(_Spec):
         description="Train as replica groups that survive a node loss without stopping; "
         "None: one group.",
     )
+    entrypoint: Entrypoint | None = Field(
+        default=None,
+        description="Your own training script ({module} or {script}, and args) launched on "
+        "every rank instead of runyard's trainer; it reports through worker/client.py. "
+        "`model` and `parallelism` then only size the plan.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +168,11 @@ class RunSpec(_Spec):
             raise ValueError(
                 f"fault_tolerance.replica_groups ({groups}) must divide nodes ({self.nodes}): "
                 "each group is a whole number of nodes"
+            )
+        if groups > 1 and self.entrypoint is not None:
+            raise ValueError(
+                "fault_tolerance.replica_groups needs runyard's trainer: an entrypoint "
+                "script recovers from its own checkpoints (classic recovery)"
             )
         if groups > 1 and self.min_nodes is not None:
             raise ValueError(

@@ -342,6 +342,7 @@ def worker_config(
         data_cache_dir=str(settings.data_cache_dir),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
         init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
+        entrypoint=spec.entrypoint,
         fault_tolerance=replica,
     )
 
