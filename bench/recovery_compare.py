@@ -135,19 +135,25 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
             return new[0] if new else None
 
         replacement = _wait("the replacement's first step", recovered)
-        time.sleep(3 * 2.0)  # a few report windows more: the survivors' steps after it
-        rows = _metrics(client, run_id)
+        per_group = NODES // (GROUPS if fast else 1)
+
+        def measured() -> dict[str, float] | None:
+            try:  # until a step past the one reached at the Xid has been reported
+                return figures(
+                    _metrics(client, run_id),
+                    xid_at,
+                    ranks=NODES,
+                    failed_ranks=per_group,
+                    replacement=replacement["id"] if fast else None,
+                )
+            except ValueError:
+                return None
+
+        result: dict[str, float] = _wait("a step past the Xid's", measured)
     finally:
         client.cancel_run(run_id)
     client.resume_node(node)
-    per_group = NODES // (GROUPS if fast else 1)
-    return figures(
-        rows,
-        xid_at,
-        ranks=NODES,
-        failed_ranks=per_group,
-        replacement=replacement["id"] if fast else None,
-    )
+    return result
 
 
 def compare(client: RunyardClient, dev: DevCluster) -> dict[str, Any]:

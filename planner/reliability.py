@@ -38,6 +38,9 @@ DEFAULT_STORAGE_BYTES_PER_S_PER_NODE = 25e9
 # and torch start-up and the model build: at scale add the heal transfer (assess()) and
 # the start-up of one group's ranks instead of the whole run's.
 FAST_STALL_S = 4.0
+# The longest a replica-group run goes without a durable (disk) checkpoint: the design's
+# "file system as the durable tier written every hour or so".
+DURABLE_CHECKPOINT_MAX_S = 3600.0
 FAST_REJOIN_S = 15.0
 
 
@@ -179,10 +182,25 @@ def assess(
         # A replacement heals from a peer: each of its nodes receives the group's share of
         # the checkpoint over the network, at the rate assumed for storage per node.
         heal_s = size / (num_nodes // groups * a.storage_bytes_per_s_per_node)
+        # Disk checkpoints now serve only the failures the fast path hands to the classic
+        # one (rare): Daly's interval for their rate, capped so that a durable copy is
+        # never older than DURABLE_CHECKPOINT_MAX_S (bugs, loss spikes, whole-site events).
+        out_s = a.fast_rejoin_s + heal_s
+        classic_share = min(1.0, out_s / mtbi_s) if groups == 2 else 0.0
+        classic_mtbi_s = mtbi_s / classic_share if classic_share else math.inf
+        ideal_fast = min(DURABLE_CHECKPOINT_MAX_S, checkpoint_interval_s(write_s, classic_mtbi_s))
+        interval_fast = max(1, round(ideal_fast / step_s)) * step_s if step_s > 0 else interval
+        cycle_fast = interval_fast + write_s
         fast_lost = fast_path_lost_s(
-            groups, step_s, a.fast_stall_s, a.fast_rejoin_s, heal_s, classic_lost, mtbi_s
+            groups,
+            step_s,
+            a.fast_stall_s,
+            a.fast_rejoin_s,
+            heal_s,
+            a.restart_s + write_s + cycle_fast / 2,
+            mtbi_s,
         )
-        goodput_fast = max(0.0, interval / cycle * (1 - fast_lost / mtbi_s))
+        goodput_fast = max(0.0, interval_fast / cycle_fast * (1 - fast_lost / mtbi_s))
     failures_per_node_hour = a.failures_per_gpu_hour * gpus_per_node
     expected = failures_per_node_hour * num_nodes * a.repair_window_h
     return Reliability(
