@@ -20,6 +20,8 @@ from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.slurm.client import JobStatus
 
+NODE_FAIL = "NODE_FAIL"  # Slurm's JobState for a job ended by one of its nodes failing
+
 
 def judge_ended_attempt(
     session: Session, run: Run, attempt: Attempt, status: JobStatus | None
@@ -66,5 +68,12 @@ def judge_ended_attempt(
     reason += f" with exit code {exit_code}" if exit_code is not None else ""
     if run.final_step is None and slurm_state == "COMPLETED":
         reason += " before the worker reported its final step"
-    cause = StopReason.DO_NOT_RETRY if do_not_retry else StopReason.JOB_FAILED
+    if do_not_retry:
+        cause = StopReason.DO_NOT_RETRY
+    elif slurm_state == NODE_FAIL:
+        # Slurm saw a node die before any agent said so: the hardware failed, not the run,
+        # so it uses up none of the run's own restarts.
+        cause = StopReason.NODE_FAILURE
+    else:
+        cause = StopReason.JOB_FAILED
     end_attempt_and_restart(session, run, attempt, reason, cause=cause, exit_code=exit_code)

@@ -107,3 +107,7 @@ def test_a_node_failure_ends_the_job_node_fail(cluster: Cluster) -> None:
     retry = cluster.attempts(run_id)[-1]
     assert bad not in cluster.slurm.jobs[retry.slurm_job_id].nodelist
     assert cluster.slurm.nodes[bad].drained
+    # The node, not the run, failed: it uses up no restart of the run's own.
+    run = cluster.run(run_id)
+    assert first.stop_reason == StopReason.NODE_FAILURE
+    assert run.num_hardware_restarts == run.num_restarts == 1
