@@ -41,6 +41,11 @@ class LostTime(BaseModel):
         "(process start, rendezvous, checkpoint load)."
     )
     checkpoint_stalls_s: float = Field(description="Training blocked on checkpoint writes.")
+    degraded_s: float = Field(
+        default=0.0,
+        description="Replica groups: time the run trained with fewer groups while a failed "
+        "one was replaced (its share of the GPUs idle), in whole-run seconds.",
+    )
 
 
 class Goodput(BaseModel):
@@ -60,6 +65,10 @@ def compute_goodput(
     run: Run, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint]
 ) -> Goodput:
     """Goodput of `run` from its attempts (in order) and its checkpoints alone."""
+    if any(a.replica_group is not None for a in attempts):  # groups run side by side
+        from service.runs.replica_goodput import replica_goodput
+
+        return replica_goodput(run, attempts, checkpoints)
     now = utcnow()
     started = [a for a in attempts if a.started_at is not None]
     gpus = run.num_nodes * run.gpus_per_node

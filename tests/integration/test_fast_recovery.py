@@ -109,6 +109,8 @@ def test_a_group_loses_a_node_the_other_keeps_training_and_losses_match_the_twin
     assert incident["state"] == "RESOLVED"
     for stamp in ("drained_at", "attempt_ended_at", "submitted_at", "running_at", "first_step_at"):
         assert incident[stamp], stamp
+    lost = run["goodput"]["lost"]
+    assert lost["degraded_s"] > 0 and lost["drain_and_resubmit_s"] == 0
     # The survivor trained on while the victim's group was replaced: steps past the drain
     # were reported by group 0's attempt before the replacement's first one.
     mine = losses(client, run_id)

@@ -15,6 +15,7 @@ from service.reconcile.loop import Reconciler
 from service.recovery import lighthouse
 from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
+from service.runs.service import run_goodput
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ProgressReport
 from tests.unit.reconcile.conftest import Cluster
@@ -94,6 +95,10 @@ def test_a_node_failure_replaces_only_its_group_and_the_other_keeps_its_job(
     report(replacement.id, 24)  # healed at step 23, trained 24
     (incident,) = cluster.incidents(bad)
     assert incident.state == IncidentState.RESOLVED and incident.first_step_at is not None
+    with session_scope() as session:
+        goodput = run_goodput(session, cluster.run(run_id))
+    # Group 1's share idled from its last report to its replacement's first step.
+    assert goodput.lost.degraded_s > 0 and goodput.lost.drain_and_resubmit_s == 0
 
 
 def test_both_groups_failing_at_once_restart_every_group_from_disk(cluster: Cluster) -> None:
