@@ -1,0 +1,67 @@
+"""Your own training script survives a GPU failure like runyard's trainer: the example DDP
+script (examples/ddp_train.py) runs on two nodes of the dev cluster, one node logs Xid 79,
+the node is drained, a spare takes its place and the script resumes from its own newest
+committed checkpoint (a torch.save file it registered through worker/client.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from client.api import RunyardClient
+from tests.conftest import wait_for
+from tests.integration.conftest import Agents, committed, drain_reason, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
+
+
+@pytest.mark.timeout(600)
+def test_an_entrypoint_script_resumes_on_a_spare_from_its_own_checkpoint(
+    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    client, conf = spare_pool, str(slurm_cluster.slurm_conf)
+    spare = client.get_spares()["members"][0]
+    script = str(REPO_ROOT / "examples" / "ddp_train.py")
+    args = ["--checkpoint-every", "10", "--width", "32", "--batch-size", "8"]
+    spec = tiny_spec("own-script-xid", steps=120, entrypoint={"script": script, "args": args})
+    run_id = client.submit_run(spec)["id"]
+    first_commit = wait_for(
+        "a committed checkpoint", lambda: committed(client, run_id), timeout_s=120
+    )[0]
+    wait_for(
+        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
+    )
+    placed = client.get_run(run_id)["nodes"]
+    assert len(placed) == 2 and spare not in placed
+    bad, healthy = placed[1], placed[0]
+
+    agents.append(bad, XID_79.format(pid=os.getpid()))
+
+    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    second = wait_for(
+        "attempt 2 running",
+        lambda: next(
+            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
+        ),
+        timeout_s=60,
+    )
+    assert sorted(second["nodes"]) == sorted([healthy, spare])
+    resume_step = second["resume_step"]
+    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
+    assert resume_step >= first_commit and resume_step % 10 == 0  # the script's own cadence
+
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=240
+    )
+    final = client.get_run(run_id)
+    assert final["num_hardware_restarts"] == 1 and final["last_step"] == 120
+    log = client.run_logs(run_id, attempt=2, rank=0)["text"]
+    assert f"step_{resume_step:08d}.pt at step {resume_step}" in log, log[-2000:]
+    steps = [m["step"] for m in client.run_metrics(run_id, after_step=resume_step)]
+    assert min(steps) == resume_step + 1  # the script went on from there, not from 0
+    assert final["goodput"]["goodput"] > 0
