@@ -1,6 +1,6 @@
 """A run that found no spare when its node failed takes a spare as soon as the pool holds
 one, instead of waiting until the pool is full again (the failure simulation, sim/, found
-the pool refilling first cost the classic path half of a 30-day run)."""
+the pool refilling first cost the classic path a third of a 30-day run)."""
 
 from __future__ import annotations
 
