@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what runyard needs on a Debian machine (as root): Slurm, munge and Postgres from
+# Install what runyard needs on a Debian machine (as root): Slurm (with slurmdbd and
+# MariaDB for accounting), munge and Postgres from
 # Debian's packages if absent, then the project and torch==2.13.0 into .venv. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,9 @@ for bin in slurmctld slurmd sbatch munged; do
   command -v "$bin" >/dev/null 2>&1 || { missing+=(slurmctld slurmd slurm-client munge); break; }
 done
 command -v pg_ctlcluster >/dev/null 2>&1 || missing+=(postgresql)
+# Slurm accounting on the dev cluster (`sacct`): slurmdbd and a MariaDB for it.
+command -v slurmdbd >/dev/null 2>&1 || missing+=(slurmdbd)
+command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
 # Headless Chromium opens `runyard run report` pages in the tests.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # The compose file is validated offline by Debian's docker-compose (no engine needed).

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import httpx
 
-from client.devcluster import postgres
+from client.devcluster import accounting, postgres
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
 from client.devcluster.render import PARTITION, ClusterShape, render
 
-SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", *accounting.ACCOUNTING_PACKAGES]
 MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/runyard"
 
@@ -121,13 +121,13 @@ def ensure_slurm_installed(say: Progress) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *SLURM_PACKAGES], check=True, env=env)
 
 
-def _write_configs(cluster: DevCluster, shape: ClusterShape) -> bool:
+def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> bool:
     """Render the configs; True if any of them changed."""
     state = cluster.state_dir
     for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     changed = False
-    for name, text in render(shape, state).items():
+    for name, text in render(shape, state, accounting=with_accounting).items():
         path = state / name
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
@@ -198,14 +198,34 @@ def up(
             f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
             f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
         )
-    changed = _write_configs(cluster, shape)
+    with_accounting = accounting.available()
+    changed = _write_configs(cluster, shape, with_accounting)
     _ensure_munge(table, cluster)
     cluster.table.save(table)
+    if with_accounting:
+        say("making sure MariaDB and slurmdbd run (Slurm accounting)")
+        accounting.ensure_running(cluster.state_dir, table, cluster.slurm_env(), _wait)
+        cluster.table.save(table)
+        accounting.ensure_cluster_registered("runyard-dev", cluster.slurm_env())
 
     conf = str(cluster.slurm_conf)
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("slurmctld")) or not is_alive(p):
         say("starting slurmctld")
+        table["slurmctld"] = spawn(
+            "slurmctld",
+            ["slurmctld", "-D", "-f", conf],
+            log_dir / "slurmctld.out",
+            env=cluster.slurm_env(),
+        )
+        cluster.table.save(table)
+        _wait(
+            "slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30
+        )
+    elif changed and _accounting_changed(cluster, with_accounting):
+        # slurmctld reads AccountingStorageType at start only; its saved state keeps the jobs.
+        say("accounting changed: restarting slurmctld")
+        stop(table["slurmctld"])
         table["slurmctld"] = spawn(
             "slurmctld",
             ["slurmctld", "-D", "-f", conf],
@@ -236,6 +256,12 @@ def up(
         _start_service(cluster, table, shape, say)
     say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
     return cluster
+
+
+def _accounting_changed(cluster: DevCluster, with_accounting: bool) -> bool:
+    out = _run(["scontrol", "show", "config"], cluster.slurm_env()).stdout
+    running = "accounting_storage/slurmdbd" in out
+    return running != with_accounting
 
 
 def service_argv(port: int) -> list[str]:
@@ -379,14 +405,11 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
     """Stop what `up` started, newest first. Returns the names that were running."""
     cluster = cluster or DevCluster(default_state_dir())
     table = cluster.table.load()
+    # Clients before servers: agents and the service, the nodes, the controller, then the
+    # accounting daemon and its database, munge last.
+    last = ["slurmd:", "slurmctld", "slurmdbd", "mariadb", "munged"]
     order = sorted(
-        table,
-        key=lambda n: (
-            n.startswith("munged"),
-            n.startswith("slurmctld"),
-            n.startswith("slurmd"),
-            n,
-        ),
+        table, key=lambda n: (next((i for i, p in enumerate(last) if n.startswith(p)), -1), n)
     )
     stopped = [name for name in order if stop(table[name])]
     for name in stopped:

@@ -11,6 +11,8 @@ import jinja2
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "slurm_templates"
 FIRST_SLURMD_PORT = 17001  # one port per slurmd; slurmctld listens on CONTROLLER_PORT
 CONTROLLER_PORT = 16817
+DBD_PORT = 16819  # slurmdbd, when the dev cluster has accounting (Slurm's default is 6819)
+MARIADB_PORT = 16306  # the dev cluster's own MariaDB for slurmdbd (MariaDB's default 3306)
 SLURMD_PORT = 6818  # Slurm's default, where each node is a host of its own
 PARTITION = "train"
 
@@ -115,8 +117,10 @@ def render(
     state_dir: Path,
     munge_socket: str | None = None,
     network: Network | None = None,
+    accounting: bool = False,
 ) -> dict[str, str]:
-    """The three config files, by file name, for a cluster rooted at `state_dir`."""
+    """The config files, by file name, for a cluster rooted at `state_dir`: slurm.conf,
+    topology.conf, gres.conf, and slurmdbd.conf with `accounting`."""
     net = network or one_box(shape)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
@@ -148,6 +152,7 @@ def render(
         memory_mb_per_node=shape.memory_mb_per_node,
         partition=PARTITION,
         max_time="INFINITE",
+        dbd_port=DBD_PORT if accounting else None,
     )
     topology_conf = env.get_template("topology.conf.j2").render(
         leaf_size=shape.leaf_size,
@@ -156,4 +161,12 @@ def render(
         leaf_names=",".join(leaf.name for leaf in leaves),
     )
     gres_conf = env.get_template("gres.conf.j2").render(**common, device_dir=str(state_dir / "dev"))
-    return {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}
+    files = {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}
+    if accounting:
+        files["slurmdbd.conf"] = env.get_template("slurmdbd.conf.j2").render(
+            dbd_port=DBD_PORT,
+            storage_port=MARIADB_PORT,
+            slurm_user="root",
+            state_dir=str(state_dir),
+        )
+    return files

@@ -56,3 +56,14 @@ def test_placement_packs_into_the_fewest_switches() -> None:
     # pp=4 over 4 nodes of 8 ranks with tp=8: three stage hops, one of them across switches.
     cost = placement_cost(["a", "b", "c", "d"], switch_of, ranks_per_node=8, tp=8, cp=1, pp=4)
     assert cost == {"num_nodes": 4, "switches_spanned": 2, "cross_switch_pipeline_edges": 1}
+
+
+def test_accounting_adds_slurmdbd_and_points_slurm_at_it(tmp_path: Path) -> None:
+    files = render(ClusterShape(num_nodes=8, leaf_size=4), tmp_path, accounting=True)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in files["slurm.conf"]
+    assert "AccountingStoragePort=16819" in files["slurm.conf"]
+    assert "DbdPort=16819" in files["slurmdbd.conf"]
+    assert "StoragePort=16306" in files["slurmdbd.conf"]
+    without = render(ClusterShape(num_nodes=8, leaf_size=4), tmp_path)
+    assert "AccountingStorageType=accounting_storage/none" in without["slurm.conf"]
+    assert "slurmdbd.conf" not in without
