@@ -9,11 +9,12 @@ its last checkpoint), read by the node's real health agent. From the run's metri
   when the report was sent and each earlier one a mean step time before it;
 - the step reached at the Xid (S): the highest step finished before the Xid line;
 - seconds to the next productive step: from the Xid line to the first step above S;
-- steps recomputed: steps at or below S finished again after the Xid;
+- steps recomputed: steps at or below S that an attempt started after the Xid finished
+  again (the fast path's step in flight, aborted and redone, is in the survivors' stall);
 - GPU-seconds lost, ranks idle or recomputing, summed. Classic: every rank from the Xid to
-  the next productive step. Fast: the surviving groups' ranks until their next productive
-  step (they train the missing group's share meanwhile: productive), plus the failed
-  group's ranks until its replacement's first step (the spare joining the run).
+  the next productive step. Fast: the surviving groups' stall (their report windows that
+  took longer than usual, from the Xid to just after the rejoin) on their ranks, plus the
+  failed group's ranks from the Xid to its replacement's first step (the spare joining).
 
 Targets: the fast path recomputes at most 1 step and loses at most a third of the classic
 path's GPU-seconds.
@@ -73,22 +74,55 @@ def figures(
     xid_at: float,
     ranks: int,
     failed_ranks: int,
+    failed: int,
     replacement: int | None,
+    new_attempts: set[int],
 ) -> dict[str, float]:
-    """The three figures of one path (pure; see the module docstring)."""
+    """The figures of one path (pure; see the module docstring). `failed` is the attempt
+    the Xid ended, `replacement` the fast path's new attempt for its group."""
     done = step_finish_times(rows)
     everything = [(s, t) for steps in done.values() for s, t in steps]
     reached = max(s for s, t in everything if t <= xid_at)
     next_at = min(t for s, t in everything if s > reached and t > xid_at)
-    recomputed = {s for s, t in everything if s <= reached and t > xid_at}
+    # Trained again: steps at or below S that an attempt started after the Xid finished (a
+    # surviving group finishing step S a little after the failed one is not a recompute).
+    recomputed = {s for a in new_attempts for s, t in done.get(a, []) if s <= reached}
+    stall = 0.0
     if replacement is None:  # classic: every rank waits for the restarted run
         lost = ranks * (next_at - xid_at)
     else:
+        # The survivors go on until the failed group's job is killed, then stall (the
+        # quorum drops it, the step in flight is redone) and again briefly when the
+        # replacement joins. A report's window carries its mean step time, so a stall
+        # shows as the window taking longer than usual: every survivor window that ended
+        # between the Xid and just after the rejoin counts what it took beyond its usual
+        # steps (this also counts the survivors' slower degraded steps, which do train:
+        # pessimistic for the fast path). The failed group's GPUs count as lost from the
+        # Xid line until its replacement's first step (its old job trained on until the
+        # scancel: pessimistic again).
         rejoined = min(t for _, t in done[replacement])
-        lost = (ranks - failed_ranks) * (next_at - xid_at) + failed_ranks * (rejoined - xid_at)
+        windows: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            if row["attempt_id"] not in (failed, replacement):
+                windows[(row["attempt_id"], row["recorded_at"])].append(row)
+        timed = [
+            (datetime.fromisoformat(at).timestamp(), len(w), w[0]["step_time_s"] or 0.0)
+            for (_, at), w in windows.items()
+        ]
+        usual = sorted(step_s for sent, _, step_s in timed if sent <= xid_at)
+        typical = usual[len(usual) // 2] if usual else 0.0
+        survivor_groups = len({a for a, _ in windows})
+        stall = sum(
+            max(0.0, k * (step_s - typical))
+            for sent, k, step_s in timed
+            if xid_at < sent <= rejoined + 5.0
+        ) / max(1, survivor_groups)  # per group: the groups stall together
+        lost_ranks = ranks - failed_ranks
+        lost = lost_ranks * stall + failed_ranks * (rejoined - xid_at)
     return {
         "step_at_xid": reached,
         "xid_to_next_productive_step_s": round(next_at - xid_at, 2),
+        "survivors_stall_s": round(stall, 2),
         "gpu_s_lost": round(lost, 1),
         "steps_recomputed": len(recomputed),
     }
@@ -96,9 +130,11 @@ def figures(
 
 def _metrics(client: RunyardClient, run_id: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    while batch := client.run_metrics(run_id, after_step=rows[-1]["step"] if rows else -1):
+    while batch := client.run_metrics(
+        run_id, after_step=rows[-1]["step"] if rows else -1, limit=10_000
+    ):
         rows += batch
-        if len(batch) < 1000:
+        if len(batch) < 10_000:
             break
     return rows
 
@@ -144,6 +180,10 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
                     xid_at,
                     ranks=NODES,
                     failed_ranks=per_group,
+                    failed=victim["id"],
+                    new_attempts={
+                        a["id"] for a in client.get_run(run_id)["attempts"] if a["id"] not in before
+                    },
                     replacement=replacement["id"] if fast else None,
                 )
             except ValueError:
