@@ -93,10 +93,17 @@ class StepClock:
         setattr(module, name, timed)
 
 
+CLOCK = StepClock()
+
+
 def clock_steps() -> StepClock:
+    """Wrap the steps once (a second wrap would count each step twice)."""
     from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 
-    clock = StepClock()
+    if CLOCK.seconds or getattr(loop, "_clocked", False):
+        return CLOCK
+    loop._clocked = True  # type: ignore[attr-defined]
+    clock = CLOCK
     for name in ("process_incidents", "check_nodes", "check_hangs", "maintain_spares"):
         clock.wrap(loop, name, name)
     for module, name in [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -22,6 +22,28 @@ from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.slurm.client import JobStatus, SlurmClient
 from service.slurm.hostlist import expand_hostlist
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A queued or running attempt's job, and what the database last recorded of it."""
+
+    attempt_id: int
+    job_id: str
+    attempt_state: AttemptState
+    node_list: str | None
+    run_state: RunState
+    awaits_array_nodes: bool  # a sweep's run whose nodes Slurm has yet to give it
+
+    def unchanged(self, status: JobStatus) -> bool:
+        """Nothing apply_observation would write: the same live state and nodes."""
+        if not status.is_live or self.awaits_array_nodes:
+            return False
+        if status.node_list and status.node_list != self.node_list:
+            return False
+        if status.state == "RUNNING":
+            return self.attempt_state == AttemptState.RUNNING and self.run_state == RunState.RUNNING
+        return self.attempt_state == AttemptState.PENDING
 
 
 @dataclass(frozen=True)
@@ -38,11 +60,19 @@ def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
     all of them, one `scontrol show job` for those that left the queue."""
     with session_scope() as session:
         # The attempts themselves, in SQL: loading every queued run to find them did not
-        # scale to 10,000 queued runs.
+        # scale to 10,000 queued runs. What we last recorded comes along, so a job that
+        # did not change costs no transaction of its own.
         watched = [
-            (attempt_id, job)
-            for attempt_id, job in session.execute(
-                select(Attempt.id, Attempt.slurm_job_id)
+            Watched(attempt_id, job, state, node_list, run_state, bool(awaits))
+            for attempt_id, job, state, node_list, run_state, awaits in session.execute(
+                select(
+                    Attempt.id,
+                    Attempt.slurm_job_id,
+                    Attempt.state,
+                    Attempt.node_list,
+                    Run.state,
+                    Run.sweep_id.is_not(None) & (func.cardinality(Run.nodes) == 0),
+                )
                 .join(Run, Run.id == Attempt.run_id)
                 .where(
                     Run.state.in_([RunState.PENDING, RunState.RUNNING]),
@@ -55,16 +85,17 @@ def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
         ]
     if not watched:
         return
-    job_ids = [job for _, job in watched if job]
+    job_ids = [w.job_id for w in watched]
     live = slurm.queue(job_ids)
     gone = [job for job in job_ids if job not in live]
     ended = slurm.job_details(gone) if gone else {}
     observed = []
-    for attempt_id, job in watched:
-        assert job is not None
-        status = live.get(job) or ended.get(job)
+    for w in watched:
+        status = live.get(w.job_id) or ended.get(w.job_id)
+        if status is not None and w.unchanged(status):
+            continue
         nodes = expand_hostlist(status.node_list) if status and status.node_list else []
-        observed.append(Observed(attempt_id, status, nodes))
+        observed.append(Observed(w.attempt_id, status, nodes))
     for obs in observed:
         with session_scope() as session:
             apply_observation(session, obs, settings.slurm_job_prefix)
