@@ -129,10 +129,11 @@ def test_a_stop_request_ends_with_a_checkpoint_and_no_finish(
     spec = tiny_spec(tmp_path / "ckpt", data_cache_dir, report_interval_s=1e-3)
     config = WorkerRunConfig.model_validate(spec)
     metrics = tmp_path / "metrics.jsonl"
+    before = signal.getsignal(signal.SIGUSR2)  # SIG_DFL, unless an earlier test left one
     result = train(config, read_launch_env({}), ActAfterStep(metrics, at=2, action=action))
     # Seen by the loop at the next step's report: step 3 is the last.
     assert (result.final_step, result.final_checkpoint_step, result.stopped_early) == (3, 3, True)
     assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
     assert (tmp_path / "ckpt" / "step_00000003" / "COMMITTED").exists()
     assert read_metrics(metrics, "finish") == []
-    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # handler removed again
+    assert signal.getsignal(signal.SIGUSR2) == before  # the loop's handler removed again
