@@ -10,7 +10,7 @@ import getpass
 from collections.abc import Sequence
 
 from service.config import Settings
-from service.slurm import commands
+from service.slurm import accounting, commands
 from service.slurm.commands import JobStatus, SlurmNode
 from service.slurm.submit import ArrayRequest, AttemptRequest, submit_array, submit_attempt
 
@@ -57,7 +57,10 @@ class CliSlurmClient:
         return commands.squeue(list(job_ids))
 
     def job_details(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        return commands.show_jobs(job_ids)
+        found = commands.show_jobs(job_ids)
+        forgotten = [job for job in job_ids if job not in found]
+        # Jobs slurmctld no longer remembers: how they ended is in accounting, if any.
+        return found | accounting.ended_jobs(forgotten) if forgotten else found
 
     def jobs_by_name(self, prefix: str) -> dict[str, str]:
         return commands.jobs_by_name(prefix)

@@ -223,3 +223,39 @@ def test_prolog_and_epilog_reach_the_service_through_the_agent(site: Site, tmp_p
     assert seen
     assert sorted(e["kind"] for e in job_events()) == ["slurm:job_end", "slurm:job_start"]
     assert all("job 987654 (hooked)" in e["message"] for e in job_events())
+
+
+def accounting_on(conf: str) -> bool:
+    out = subprocess.run(
+        ["scontrol", "show", "config"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": conf},
+    )
+    return "accounting_storage/slurmdbd" in out.stdout
+
+
+def test_sacct_knows_how_a_job_ended_and_the_service_reads_it(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = str(site.dev.slurm_conf)
+    if not accounting_on(conf):
+        pytest.skip("the dev cluster has no accounting (slurmdbd not installed)")
+    monkeypatch.setenv("SLURM_CONF", conf)
+    from service.slurm.accounting import ended_jobs
+
+    name = f"{TEST_DATABASE}-sacct"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-J", name, "-p", "train", "-N1", "--wrap", "exit 3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ended = wait_for(f"sacct to record job {job}'s end", lambda: ended_jobs([job]).get(job))
+    assert (ended.state, ended.exit_code) == ("FAILED", 3)
+    listed = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobName,State,ExitCode"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert listed == [f"{name}|FAILED|3:0"]

@@ -171,3 +171,9 @@ def test_leader_killed_mid_recovery_the_other_replica_finishes_it(
     assert len(stored(bad, 79)) == 1
     wait_for("the bystander's event stored", lambda: stored(bystander, 92))
     assert len(stored(bystander, 92)) == 1, "delivered once, through the surviving replica"
+    if "accounting_storage/slurmdbd" in slurm("scontrol", "show", "config", conf=conf):
+        ids = ",".join(a["slurm_job_id"] for a in final["attempts"])
+        listed = slurm("sacct", "-n", "-X", "-P", "-j", ids, "-o", "JobName,State", conf=conf)
+        names = sorted(line.split("|")[0] for line in listed.splitlines() if line.strip())
+        assert names == sorted(f"{JOB_PREFIX}-r{run_id}-a{a['id']}" for a in final["attempts"])
+        print(f"sacct:\n{listed}")
