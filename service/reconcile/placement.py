@@ -9,7 +9,7 @@ replaced. Where a failed node's run gets a spare: recovery/move_to_spare.py.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, case, func, not_, select
 from sqlalchemy.orm import Session
 
 from planner.resolve import LayoutError
@@ -30,16 +30,6 @@ from service.slurm.snapshot import ClusterSnapshot
 def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
     """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
     with session_scope() as session:
-        # A few columns of every queued run: 10,000 of them, loaded whole, took seconds.
-        queued = session.execute(
-            select(
-                Run.id, Run.priority, Run.num_nodes, Run.nodes, Run.min_nodes, Run.state_reason
-            ).where(Run.state == RunState.PENDING, func.cardinality(Run.nodes) < Run.num_nodes)
-        ).all()
-        if not queued:
-            return
-        # Higher priority first; within a class, first come first served.
-        queued = sorted(queued, key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
         nodes = {n.name: n for n in session.query(Node).all()}
         in_slurm = snapshot.free_nodes()  # one pass: asking per node and run was quadratic
         healthy_free = [
@@ -52,6 +42,21 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             for n in nodes.values()
             if n.state == NodeState.SPARE and _idle_in_slurm(snapshot, n.name)
         ]
+        # A few columns of the queued runs that may need a decision: 10,000 queued runs,
+        # loaded whole, took seconds; the ones that already say they wait are left out.
+        queued = session.execute(
+            select(
+                Run.id, Run.priority, Run.num_nodes, Run.nodes, Run.min_nodes, Run.state_reason
+            ).where(
+                Run.state == RunState.PENDING,
+                func.cardinality(Run.nodes) < Run.num_nodes,
+                not_(_still_waiting_sql(len(healthy_free), len(pool))),
+            )
+        ).all()
+        if not queued:
+            return
+        # Higher priority first; within a class, first come first served.
+        queued = sorted(queued, key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
         taken: set[str] = set()
         for row in queued:
             free_now = len(healthy_free) - len(taken & in_slurm)
@@ -78,8 +83,10 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
 
 
-def waiting_reason(need: int, free: int) -> str:
-    return f"waiting for {need} free healthy node(s); {free} free now"
+def waiting_reason(need: int) -> str:
+    """Why a run waits. Not the free-node count (its event says it): a reason that changed
+    whenever a node freed up re-wrote every queued run, 10,000 locks and events a tick."""
+    return f"waiting for {need} free healthy node(s)"
 
 
 def _still_waiting(
@@ -89,11 +96,20 @@ def _still_waiting(
     10,000 runs queued, locking and re-judging each one every tick cost seconds."""
     need = num_nodes - len(held)
     usable = free + (spares if held else 0)
-    return (
-        need > usable
-        and not may_shrink(min_nodes, len(held))
-        and reason == waiting_reason(need, free)
+    return need > usable and not may_shrink(min_nodes, len(held)) and reason == waiting_reason(need)
+
+
+def _still_waiting_sql(free: int, spares: int) -> ColumnElement[bool]:
+    """`_still_waiting` in SQL, at the free counts the tick starts with. It may leave out
+    only what the loop would skip anyway: placing runs only lowers those counts."""
+    held = func.cardinality(Run.nodes)
+    need = Run.num_nodes - held
+    usable = case((held > 0, free + spares), else_=free)
+    shrinkable = and_(
+        Run.min_nodes.is_not(None), Run.min_nodes > 0, held > 0, Run.min_nodes <= held
     )
+    reason = func.concat("waiting for ", need, " free healthy node(s)")
+    return and_(need > usable, not_(shrinkable), Run.state_reason == reason)
 
 
 def nodes_for_run(
@@ -199,10 +215,10 @@ def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
             )
             return
     else:
-        reason = waiting_reason(need, free)
+        reason = waiting_reason(need)
     if run.state_reason != reason:
         run.state_reason = reason
-        record_event(session, run, "run.waiting", reason)
+        record_event(session, run, "run.waiting", f"{reason}; {free} free now")
 
 
 def release_ended_runs(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:

@@ -83,7 +83,7 @@ def test_without_a_spare_or_min_nodes_the_run_waits_holding_its_healthy_nodes(
 
     run = cluster.run(run_id)
     assert run.state == RunState.PENDING and run.nodes == ["unit001", "unit002"]
-    assert run.state_reason == "waiting for 1 free healthy node(s); 0 free now"
+    assert run.state_reason == "waiting for 1 free healthy node(s)"
     assert len(cluster.attempts(run_id)) == 1  # nothing submitted
     # Its healthy nodes stay in its reservation: no other job can take them meanwhile.
     assert cluster.slurm.reservation_nodes[run.reservation] == ["unit001", "unit002"]

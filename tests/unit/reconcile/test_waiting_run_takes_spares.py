@@ -36,3 +36,15 @@ def test_only_a_run_that_lost_nodes_takes_spares_and_free_nodes_come_first() -> 
     assert nodes_for_run(free, {"leaf1"}, 1, spares) == ["n1"]  # free first
     assert nodes_for_run(free, {"leaf1"}, 2, spares) == ["n1", "s1"]  # its switch first
     assert nodes_for_run([], {"leaf2"}, 1, spares) == ["s2"]
+
+
+def test_a_queued_run_is_not_rewritten_when_the_free_count_changes(cluster: Cluster) -> None:
+    """With 10,000 runs queued, a reason that named the free count re-wrote all of them
+    whenever a node freed up (bench/reconciler_scale.py)."""
+    run_id = cluster.submit_run("too-big", nodes=8)
+    cluster.tick()
+    assert cluster.run(run_id).state_reason == "waiting for 8 free healthy node(s)"
+    cluster.slurm.run_foreign_job("others", ["unit004"])  # 5 free instead of 6
+    cluster.tick(2)
+    assert cluster.run(run_id).state_reason == "waiting for 8 free healthy node(s)"
+    assert cluster.events(run_id).count("run.waiting") == 1
