@@ -271,8 +271,10 @@ def _run_pool(
                 next_unit += 1
             write(pending.popleft().result())
     except BaseException:
-        # Interrupted or failed: do not wait for the units in flight (nothing of theirs
-        # is written; the journal says where to go on from).
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Interrupted or failed: queued units are cancelled and nothing of the ones in flight
+        # is written (the journal says where to go on from). Their end is awaited (at most
+        # two units per process): an executor left running when the interpreter exits
+        # prints a traceback from its atexit hook over the one-line error.
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
