@@ -8,7 +8,9 @@ its last checkpoint), read by the node's real health agent. From the run's metri
 - when each step finished: a report carries the steps of one window, the last finished
   when the report was sent and each earlier one a mean step time before it;
 - the step reached at the Xid (S): the highest step finished before the Xid line;
-- seconds to the next productive step: from the Xid line to the first step above S;
+- seconds to the next productive step: from the Xid line to the first step above S that
+  is not trained again later (the classic path's failed attempt trains on until its
+  scancel; a restarted run redoes those steps);
 - steps recomputed: steps at or below S that an attempt started after the Xid finished
   again (the fast path's step in flight, aborted and redone, is in the survivors' stall);
 - GPU-seconds lost, ranks idle or recomputing, summed. Classic: every rank from the Xid to
@@ -83,7 +85,16 @@ def figures(
     done = step_finish_times(rows)
     everything = [(s, t) for steps in done.values() for s, t in steps]
     reached = max(s for s, t in everything if t <= xid_at)
-    next_at = min(t for s, t in everything if s > reached and t > xid_at)
+    # A step finished after the Xid is productive unless an attempt started after the Xid
+    # trains it again (the classic path's doomed attempt trains on until its scancel, and
+    # the restarted run redoes those steps).
+    redone = {s for a in new_attempts for s, _ in done.get(a, [])}
+    next_at = min(
+        t
+        for a, steps in done.items()
+        for s, t in steps
+        if s > reached and t > xid_at and (a in new_attempts or s not in redone)
+    )
     # Trained again: steps at or below S that an attempt started after the Xid finished (a
     # surviving group finishing step S a little after the failed one is not a recompute).
     recomputed = {s for a in new_attempts for s, t in done.get(a, []) if s <= reached}

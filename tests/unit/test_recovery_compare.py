@@ -21,6 +21,7 @@ def report(attempt: int, steps: range, sent: float, step_s: float) -> list[dict[
 
 def test_classic_path_loses_every_rank_until_a_step_past_the_failure() -> None:
     rows = report(1, range(1, 11), T0 + 10, 1.0)  # steps 1..10 finished at T0+1 .. T0+10
+    rows += report(1, range(11, 12), T0 + 11, 1.0)  # trains on until its scancel: wasted
     rows += report(2, range(6, 13), T0 + 40, 1.0)  # resumed from step 5: 6..12, 11 at T0+39
     got = figures(
         rows, T0 + 10.5, ranks=4, failed_ranks=4, failed=1, replacement=None, new_attempts={2}
