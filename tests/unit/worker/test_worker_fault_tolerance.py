@@ -15,10 +15,10 @@ from worker_helpers import clean_env, free_port, tiny_spec
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("replica_driver.py")
-STEPS = 20
-STEP_DELAY_S = "0.2"  # after each committed step: the survivor outlives the kill
+STEPS = 30
+STEP_DELAY_S = "0.25"  # after each committed step: the survivor outlives the kill
 # The groups sum the same rows in another order (each group its share, then the groups):
-# float32 rounding, over 20 steps of a tiny model; a clean run shows 0 to 1e-5.
+# float32 rounding, over 30 steps of a tiny model; a clean run shows 0 to 1e-5.
 LOSS_TOLERANCE = 1e-4
 
 
