@@ -25,7 +25,7 @@ import logging
 from datetime import timedelta
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from contract import StopReason
 from service.config import Settings
@@ -35,6 +35,7 @@ from service.models import (
     AttemptState,
     CheckpointState,
     Incident,
+    IncidentState,
     NodeState,
     Run,
     RunState,
@@ -128,7 +129,17 @@ def submit_group_attempts(
 
     todo: list[AttemptRequest] = []
     with session_scope() as session:
-        runs = repository.runs_in_states(session, [RunState.PENDING, RunState.RUNNING])
+        # Only runs with a lighthouse: loading every queued run here cost 4 s a tick with
+        # 10,000 queued (bench/reconciler_scale.py).
+        runs = session.scalars(
+            select(Run)
+            .where(
+                Run.state.in_([RunState.PENDING, RunState.RUNNING]),
+                Run.lighthouse_addr.is_not(None),
+            )
+            .options(selectinload(Run.attempts))
+            .order_by(Run.id)
+        ).all()
         for run in runs:
             if replica_groups(run) < 2 or not run.lighthouse_addr:
                 continue  # not a replica-group run, or its lighthouse is not up yet
@@ -138,6 +149,14 @@ def submit_group_attempts(
                     continue  # placement first
                 for group in range(replica_groups(run)):
                     live[group] = new_group_attempt(session, run, settings, group, from_disk=True)
+            elif live:
+                # A group without an attempt while others train (it waited for a spare, or
+                # a restart in place ended only its job): it comes back healing from them.
+                for group in sorted(set(range(replica_groups(run))) - set(live)):
+                    if _group_ready(session, run, group):
+                        live[group] = new_group_attempt(
+                            session, run, settings, group, from_disk=False
+                        )
             for attempt in live.values():
                 if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
                     request = attempt_request(run, attempt)
@@ -182,6 +201,31 @@ def submit_group_attempts(
                 session, run, attempt, AttemptState.PENDING, f"Slurm job {job_id} on {req.nodelist}"
             )
             timeline.attempt_submitted(session, run.id)
+
+
+def _group_ready(session: Session, run: Run, group: int) -> bool:
+    """Whether a group's nodes can take its job; a failed one is swapped for a spare now
+    if the pool has one (the run waited for it)."""
+    for name in group_nodes(run, group):
+        node = nodes_repo.get_node(session, name)
+        if node is not None and node.state in (NodeState.HEALTHY, NodeState.SUSPECT):
+            continue
+        incident = session.scalars(
+            select(Incident)
+            .where(Incident.run_id == run.id, Incident.node_name == name)
+            .order_by(Incident.id.desc())
+            .limit(1)
+        ).first()
+        if incident is None or _take_spare(session, run, incident, name) is None:
+            return False
+        record_event(
+            session,
+            run,
+            "recovery.spare_assigned",
+            f"spare {incident.spare_node} replaces {name} in replica group {group}",
+            data={"incident": incident.id, "failed": name, "spare": incident.spare_node},
+        )
+    return True
 
 
 def _take_spare(session: Session, run: Run, incident: Incident, bad: str) -> str | None:
@@ -248,6 +292,8 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
             from service.config import get_settings
 
             new_group_attempt(session, run, get_settings(), failed, from_disk=False)
+        else:  # the others train on; submit_group_attempts swaps in a spare when one frees
+            incident.state = IncidentState.WAITING
         return jobs
     # The classic path: every group stops and the run restarts from disk.
     for _, attempt in sorted(live.items()):

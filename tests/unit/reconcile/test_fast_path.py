@@ -144,3 +144,25 @@ def test_a_service_killed_after_deciding_the_fast_path_submits_the_replacement_o
     (incident,) = cluster.incidents(bad)
     assert incident.recovery_path == RecoveryPath.FAST
     assert sum(a.replica_group == 1 for a in cluster.attempts(run_id)) == 2
+
+
+def test_without_a_spare_the_group_waits_and_rejoins_when_the_pool_refills(
+    cluster: Cluster,
+) -> None:
+    run_id, groups = two_groups_training(cluster)
+    spare = cluster.run(run_id).nodes  # placed; the pool's one spare is elsewhere
+    cluster.set_spares(0)
+    cluster.tick()
+    bad = groups[1].nodes[0]
+    cluster.xid(bad)
+    cluster.tick(2)
+    assert 1 not in live_groups(cluster, run_id)  # group 1 waits, group 0 trains on
+    assert cluster.run(run_id).state == RunState.RUNNING
+    (incident,) = cluster.incidents(bad)
+    assert incident.state == IncidentState.WAITING and incident.recovery_path == RecoveryPath.FAST
+
+    cluster.set_spares(1)
+    cluster.tick(2)
+    replacement = live_groups(cluster, run_id)[1]
+    assert replacement.resume_step is None and bad not in replacement.nodes
+    assert replacement.nodes[0] not in spare and replacement.slurm_job_id is not None
