@@ -30,17 +30,17 @@ from service.slurm.snapshot import ClusterSnapshot
 def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
     """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
     with session_scope() as session:
-        nodes = {n.name: n for n in session.query(Node).all()}
+        rows = session.execute(select(Node.name, Node.state, Node.switch)).all()
         in_slurm = snapshot.free_nodes()  # one pass: asking per node and run was quadratic
         healthy_free = [
-            (n.name, n.switch)
-            for n in nodes.values()
-            if n.state == NodeState.HEALTHY and n.name in in_slurm
+            (name, switch)
+            for name, state, switch in rows
+            if state == NodeState.HEALTHY and name in in_slurm
         ]
         pool = [
-            (n.name, n.switch)
-            for n in nodes.values()
-            if n.state == NodeState.SPARE and _idle_in_slurm(snapshot, n.name)
+            (name, switch)
+            for name, state, switch in rows
+            if state == NodeState.SPARE and _idle_in_slurm(snapshot, name)
         ]
         # A few columns of the queued runs that may need a decision: 10,000 queued runs,
         # loaded whole, took seconds; the ones that already say they wait are left out.
@@ -57,6 +57,7 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             return
         # Higher priority first; within a class, first come first served.
         queued = sorted(queued, key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
+        nodes = {n.name: n for n in session.query(Node).all()}
         taken: set[str] = set()
         for row in queued:
             free_now = len(healthy_free) - len(taken & in_slurm)
