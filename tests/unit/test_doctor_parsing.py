@@ -43,3 +43,11 @@ def test_settings_file_is_overridden_by_the_environment(
 )
 def test_slurm_version_parsing(text: str, expected: tuple[int, int] | None) -> None:
     assert parse_version(text) == expected
+
+
+def test_a_reservation_refused_for_permission_is_told_apart() -> None:
+    from client.doctor.slurm import refused_for_permission
+
+    assert refused_for_permission("Error creating the reservation: Invalid user id")
+    assert refused_for_permission("Access/permission denied")
+    assert not refused_for_permission("Error creating the reservation: Requested nodes are busy")
