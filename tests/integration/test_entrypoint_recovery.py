@@ -1,7 +1,9 @@
 """Your own training script survives a GPU failure like runyard's trainer: the example DDP
 script (examples/ddp_train.py) runs on two nodes of the dev cluster, one node logs Xid 79,
 the node is drained, a spare takes its place and the script resumes from its own newest
-committed checkpoint (a torch.save file it registered through worker/client.py)."""
+committed checkpoint (a torch.save file it registered through worker/client.py). Asked to
+stop at a segment's time limit, it learns so from the client, saves and exits at the same
+step on every rank."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ import pytest
 
 from client.api import RunyardClient
 from tests.conftest import wait_for
-from tests.integration.conftest import Agents, committed, drain_reason, tiny_spec
+from tests.integration.conftest import (
+    Agents,
+    ServiceProcess,
+    committed,
+    drain_reason,
+    tiny_spec,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +73,32 @@ def test_an_entrypoint_script_resumes_on_a_spare_from_its_own_checkpoint(
     steps = [m["step"] for m in client.run_metrics(run_id, after_step=resume_step)]
     assert min(steps) == resume_step + 1  # the script went on from there, not from 0
     assert final["goodput"]["goodput"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_a_script_longer_than_its_time_limit_runs_as_segments(service: ServiceProcess) -> None:
+    """Before its 1-minute segment ends the service asks the run to stop; the script sees
+    `should_stop`, checkpoints its last step on every rank's agreement and exits 0, and the
+    next segment resumes there: no step lost, none trained twice."""
+    client = service.client()
+    script = str(REPO_ROOT / "examples" / "ddp_train.py")
+    args = ["--checkpoint-every", "100000", "--width", "32", "--batch-size", "8"]
+    spec = tiny_spec("own-script-segments", steps=100000, time_limit_min=1,
+                     entrypoint={"script": script, "args": args})  # fmt: skip
+    run_id = client.submit_run(spec)["id"]
+    second = wait_for(
+        "the second segment training",
+        lambda: next((a for a in client.get_run(run_id)["attempts"][1:]
+                      if a["first_step"] is not None), None),
+        timeout_s=300,
+    )  # fmt: skip
+    client.cancel_run(run_id)
+    first = client.get_run(run_id)["attempts"][0]
+    assert first["state"] == "STOPPED" and first["stop_reason"] == "time_limit", first
+    stop_step = second["resume_step"]
+    assert stop_step > 0 and committed(client, run_id)[0] == stop_step  # the stop's own save
+    metrics = client.run_metrics(run_id, limit=1000)
+    before = sorted(m["step"] for m in metrics if m["attempt_id"] == first["id"])
+    after = sorted(m["step"] for m in metrics if m["attempt_id"] == second["id"])
+    assert before == list(range(1, stop_step + 1))
+    assert after and after[0] == stop_step + 1
