@@ -112,10 +112,14 @@ def test_a_killed_group_is_replaced_while_the_other_trains_and_losses_match_the_
         check=True,
         capture_output=True,
     )
-    twin, kept, healed = (losses(tmp_path / f"{n}.jsonl") for n in ("twin", "g0", "g1b"))
-    # The survivor trained every step once, through the failure; the replacement started
-    # where the survivor was (healed), not at step 1.
-    assert sorted(kept) == list(range(1, STEPS + 1))
+    twin, kept, lost, healed = (
+        losses(tmp_path / f"{n}.jsonl") for n in ("twin", "g0", "g1", "g1b")
+    )
+    # The survivor trained every step from its first through the failure to the end (the
+    # first group up may train a few steps alone: the other heals into them); the
+    # replacement started where the survivor was (healed), not at step 1.
+    assert sorted(kept) == list(range(min(kept), STEPS + 1)) and min(kept) <= 6
+    assert set(kept) | set(lost) == set(range(1, STEPS + 1))
     assert healed and min(healed) > killed_at and max(healed) == STEPS
     worst = max(abs(v - twin[s]) / twin[s] for run in (kept, healed) for s, v in run.items())
     assert worst <= LOSS_TOLERANCE, worst
