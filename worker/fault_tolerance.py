@@ -25,6 +25,8 @@ participating rank 0, one writer at a time).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +59,12 @@ def train_replica_group(
     assert config.fault_tolerance is not None
     layout = group_layout(config.layout, config.fault_tolerance.groups)
     check_supported(layout)  # before any collective: every rank refuses alike
+    # scancel means this group is being replaced (its node failed): leave at once, so the
+    # peers' next collective fails now and the lighthouse drops the group after its
+    # heartbeat timeout. submitit's handler would ignore SIGTERM and leave the ranks
+    # running until Slurm's KillWait sends SIGKILL, while every peer waits on them.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
     device = pick_device(launch.local_rank)
     init_distributed(launch, device)  # the group's own process group (its Slurm job)
     try:
