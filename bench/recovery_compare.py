@@ -11,7 +11,7 @@ its last checkpoint), read by the node's real health agent. From the run's metri
 - seconds to the next productive step: from the Xid line to the first step above S that
   is not trained again later (the classic path's failed attempt trains on until its
   scancel; a restarted run redoes those steps);
-- steps recomputed: steps at or below S that an attempt started after the Xid finished
+- steps recomputed: steps at or below S that an attempt restarted from disk finished
   again (the fast path's step in flight, aborted and redone, is in the survivors' stall);
 - GPU-seconds lost, ranks idle or recomputing, summed. Classic: every rank from the Xid to
   the next productive step. Fast: the surviving groups' stall (their report windows that
@@ -78,26 +78,27 @@ def figures(
     failed_ranks: int,
     failed: int,
     replacement: int | None,
-    new_attempts: set[int],
+    from_disk: set[int],
 ) -> dict[str, float]:
     """The figures of one path (pure; see the module docstring). `failed` is the attempt
     the Xid ended, `replacement` the fast path's new attempt for its group."""
     done = step_finish_times(rows)
     everything = [(s, t) for steps in done.values() for s, t in steps]
     reached = max(s for s, t in everything if t <= xid_at)
-    # A step finished after the Xid is productive unless an attempt started after the Xid
-    # trains it again (the classic path's doomed attempt trains on until its scancel, and
-    # the restarted run redoes those steps).
-    redone = {s for a in new_attempts for s, _ in done.get(a, [])}
+    # A step finished after the Xid is productive unless an attempt restarted from disk
+    # after the Xid trains it again (the classic path's doomed attempt trains on until its
+    # scancel, and the restarted run redoes those steps); a healed replacement trains
+    # alongside the survivors, it redoes nothing.
+    redone = {s for a in from_disk for s, _ in done.get(a, [])}
     next_at = min(
         t
         for a, steps in done.items()
         for s, t in steps
-        if s > reached and t > xid_at and (a in new_attempts or s not in redone)
+        if s > reached and t > xid_at and (a in from_disk or s not in redone)
     )
-    # Trained again: steps at or below S that an attempt started after the Xid finished (a
+    # Trained again: steps at or below S that a restarted attempt finished again (a
     # surviving group finishing step S a little after the failed one is not a recompute).
-    recomputed = {s for a in new_attempts for s, t in done.get(a, []) if s <= reached}
+    recomputed = {s for a in from_disk for s, t in done.get(a, []) if s <= reached}
     stall = 0.0
     if replacement is None:  # classic: every rank waits for the restarted run
         lost = ranks * (next_at - xid_at)
@@ -120,6 +121,12 @@ def figures(
             (datetime.fromisoformat(at).timestamp(), len(w), w[0]["step_time_s"] or 0.0)
             for (_, at), w in windows.items()
         ]
+        last_sent = {
+            a: max(datetime.fromisoformat(at).timestamp() for b, at in windows if b == a)
+            for a, _ in windows
+        }
+        if any(sent < rejoined + 5.0 for sent in last_sent.values()):
+            raise ValueError("the survivors have not reported past the rejoin yet")
         usual = sorted(step_s for sent, _, step_s in timed if sent <= xid_at)
         typical = usual[len(usual) // 2] if usual else 0.0
         survivor_groups = len({a for a, _ in windows})
@@ -192,8 +199,10 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
                     ranks=NODES,
                     failed_ranks=per_group,
                     failed=victim["id"],
-                    new_attempts={
-                        a["id"] for a in client.get_run(run_id)["attempts"] if a["id"] not in before
+                    from_disk={
+                        a["id"]
+                        for a in client.get_run(run_id)["attempts"]
+                        if a["id"] not in before and a["resume_step"] is not None
                     },
                     replacement=replacement["id"] if fast else None,
                 )

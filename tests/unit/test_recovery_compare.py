@@ -24,7 +24,7 @@ def test_classic_path_loses_every_rank_until_a_step_past_the_failure() -> None:
     rows += report(1, range(11, 12), T0 + 11, 1.0)  # trains on until its scancel: wasted
     rows += report(2, range(6, 13), T0 + 40, 1.0)  # resumed from step 5: 6..12, 11 at T0+39
     got = figures(
-        rows, T0 + 10.5, ranks=4, failed_ranks=4, failed=1, replacement=None, new_attempts={2}
+        rows, T0 + 10.5, ranks=4, failed_ranks=4, failed=1, replacement=None, from_disk={2}
     )
     assert got["step_at_xid"] == 10 and got["steps_recomputed"] == 5  # 6..10 again
     assert got["xid_to_next_productive_step_s"] == pytest.approx(28.5)
@@ -38,8 +38,9 @@ def test_fast_path_counts_the_survivors_stall_and_the_failed_groups_absence() ->
     rows += report(1, range(6, 11), T0 + 13, 1.6)  # survivor: 3 s of stall in this window
     rows += report(2, range(6, 7), T0 + 6, 1.0)  # the failed group's last report
     rows += report(3, range(11, 13), T0 + 15, 1.0)  # the replacement healed, trains 11, 12
+    rows += report(1, range(11, 13), T0 + 21, 1.0)  # the survivor reports past the rejoin
     got = figures(
-        rows, T0 + 6.5, ranks=4, failed_ranks=2, failed=2, replacement=3, new_attempts={3}
+        rows, T0 + 6.5, ranks=4, failed_ranks=2, failed=2, replacement=3, from_disk=set()
     )
     assert got["survivors_stall_s"] == pytest.approx(3.0)
     assert got["steps_recomputed"] == 0
