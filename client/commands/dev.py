@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
 
 from client.devcluster import cluster
 from client.devcluster import render as render_mod
+from client.devcluster.paths import REPO_ROOT
 from client.devcluster.postgres import PostgresUnavailable
 from client.devcluster.render import ClusterShape
 from client.output import Exit, console, fail, hint, print_json, print_table
@@ -94,8 +97,18 @@ def status(json: bool = typer.Option(False, "--json", help="Print JSON for scrip
 def demo(
     no_failure: bool = typer.Option(False, "--no-failure", help="Do not inject a failure."),
     timeout_s: float = typer.Option(600, help="Give up after this long."),
+    data: bool = typer.Option(
+        False,
+        "--data",
+        help="Your own data instead: a corpus and a BPE tokenizer, `runyard data prepare`, "
+        "a run from a Hugging Face checkpoint, `runyard run export`, transformers generates.",
+    ),
 ) -> None:
     """Train on 2 nodes with a spare held; an Xid 79 hits one node mid-run; watch it recover."""
+    if data:
+        # The own-data path is a script of the commands a user types (examples/).
+        script = REPO_ROOT / "examples" / "own_data_demo.py"
+        raise typer.Exit(subprocess.run([sys.executable, str(script)]).returncode)
     from client.api import ApiError, RunyardClient
     from client.devcluster.demo import DemoFailed, return_drained_nodes, run_demo, summarize
 
