@@ -175,6 +175,7 @@ class HttpReporter(Reporter):
             timeout=REQUEST_TIMEOUT_S,
         )
         self._buffer: deque[tuple[int, dict[str, Any]]] = deque()  # (sequence number, row)
+        self._held_out: list[dict[str, Any]] = []  # held-out losses, sent with the next rows
         self._numbers = itertools.count()
         self._lock = threading.Lock()  # guards the buffer
         self._send_lock = threading.Lock()  # one progress POST in flight at a time, in order
@@ -196,9 +197,13 @@ class HttpReporter(Reporter):
                     )
             self._buffer.append((next(self._numbers), row))
 
+    def validation(self, step: int, loss: float) -> None:
+        with self._lock:
+            self._held_out.append({"step": step, "loss": loss})
+
     def pending(self) -> int:
         with self._lock:
-            return len(self._buffer)
+            return len(self._buffer) + len(self._held_out)
 
     def _run(self) -> None:
         while True:
@@ -215,9 +220,15 @@ class HttpReporter(Reporter):
         with self._send_lock:
             with self._lock:
                 batch = list(itertools.islice(self._buffer, MAX_BATCH))
-            if not batch:
+                held_out = list(self._held_out)
+            if not batch and not held_out:
                 return True
-            body = {"rank": self.rank, "node": self.node, "metrics": [row for _, row in batch]}
+            body = {
+                "rank": self.rank,
+                "node": self.node,
+                "metrics": [row for _, row in batch],
+                "validation": held_out,
+            }
             try:
                 response = self._client.post("/progress", json=body)
                 response.raise_for_status()
@@ -229,19 +240,19 @@ class HttpReporter(Reporter):
                     return False
                 # The service refused these rows (4xx): resending cannot succeed, and would
                 # hold back every later row. Drop them, loudly.
-                _warn(
-                    f"progress rows {batch[0][1]['step']}..{batch[-1][1]['step']} refused: {exc!r}"
-                )
+                steps = f"{batch[0][1]['step']}..{batch[-1][1]['step']}" if batch else "none"
+                _warn(f"progress rows {steps} refused: {exc!r}")
             else:
                 if self._failures:
                     _warn("progress reports delivered again")
                 self._failures = 0
                 self._read_run_state(response)
-            last_sent = batch[-1][0]
             with self._lock:  # drop what was sent; rows dropped for space meanwhile are gone
+                del self._held_out[: len(held_out)]
+                last_sent = batch[-1][0] if batch else -1
                 while self._buffer and self._buffer[0][0] <= last_sent:
                     self._buffer.popleft()
-                return not self._buffer
+                return not self._buffer and not self._held_out
 
     def _read_run_state(self, response: httpx.Response) -> None:
         try:

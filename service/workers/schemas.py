@@ -21,10 +21,18 @@ class StepMetric(_In):
     step_time_s: float | None = Field(default=None, ge=0)
 
 
+class HeldOutLoss(_In):
+    """The loss on the data's held-out split after `step` (`eval_every` in the run spec)."""
+
+    step: int = Field(ge=0)
+    loss: float
+
+
 class ProgressReport(_In):
     rank: int = Field(ge=0)
     node: str = Field(default="", max_length=64)
     metrics: list[StepMetric] = Field(default_factory=list, max_length=10_000)
+    validation: list[HeldOutLoss] = Field(default_factory=list, max_length=1_000)
 
 
 class ProgressAck(BaseModel):

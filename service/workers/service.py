@@ -73,6 +73,15 @@ def record_progress(
                 recorded_at=now,
             )
         )
+    for held_out in report.validation:
+        record_event(
+            session,
+            run,
+            "run.validation",
+            f"held-out loss {held_out.loss:.4f} after step {held_out.step}",
+            attempt,
+            data={"step": held_out.step, "loss": held_out.loss},
+        )
     if report.metrics:
         last = max(report.metrics, key=lambda m: m.step)
         run.last_step, run.last_loss = last.step, last.loss

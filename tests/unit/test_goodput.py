@@ -163,3 +163,23 @@ def test_the_migration_backfills_old_runs_to_the_same_goodput(
 
     after = api.get(f"/v1/runs/{run.id}").json()["goodput"]
     assert after["lost"] == before["lost"] and after["allocated_s"] == before["allocated_s"]
+
+
+def test_a_held_out_loss_is_in_the_runs_timeline(db_session: Session) -> None:
+    from service.models import RunEvent
+    from service.workers.schemas import HeldOutLoss
+
+    run = add_run(db_session)
+    attempt = add_attempt(db_session, run, 1, AttemptState.RUNNING)
+    report = ProgressReport(
+        rank=0,
+        metrics=[StepMetric(step=50, loss=2.0)],
+        validation=[HeldOutLoss(step=50, loss=2.25)],
+    )
+    workers.record_progress(db_session, attempt.id, report)
+    db_session.flush()
+    events = db_session.scalars(
+        select(RunEvent).where(RunEvent.run_id == run.id, RunEvent.kind == "run.validation")
+    ).all()
+    assert [e.data for e in events] == [{"step": 50, "loss": 2.25}]
+    assert events[0].attempt_id == attempt.id

@@ -128,3 +128,15 @@ def test_a_dying_rank_reports_its_collective_error(fake_service: FakeService) ->
     assert fake_service.bodies("/errors") == [
         {"rank": 1, "node": "gpu002", "kind": "nccl:connection_reset", "message": "x"}
     ]
+
+
+def test_held_out_losses_reach_the_service_through_an_outage(fake_service: FakeService) -> None:
+    fake_service.fail_first["/progress"] = 2
+    reporter = HttpReporter(fake_service.url, 7, node="n", interval_s=0.02)
+    reporter.metric(10, 4.0, 1.0, 0.1)
+    reporter.validation(10, 3.5)
+    wait_until(lambda: reporter.pending() == 0)
+    reporter.validation(20, 3.25)  # with no step rows pending: still sent, also at close
+    reporter.close()
+    held_out = [v for body in fake_service.bodies("/progress") for v in body["validation"]]
+    assert held_out == [{"step": 10, "loss": 3.5}, {"step": 20, "loss": 3.25}]
