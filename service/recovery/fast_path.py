@@ -152,7 +152,10 @@ def submit_group_attempts(
             elif live:
                 # A group without an attempt while others train (it waited for a spare, or
                 # a restart in place ended only its job): it comes back healing from them.
-                for group in sorted(set(range(replica_groups(run))) - set(live)):
+                finished = {
+                    a.replica_group for a in run.attempts if a.state == AttemptState.SUCCEEDED
+                }
+                for group in sorted(set(range(replica_groups(run))) - set(live) - finished):
                     if _group_ready(session, run, group):
                         live[group] = new_group_attempt(
                             session, run, settings, group, from_disk=False
@@ -332,20 +335,26 @@ def judge_group_ended(
     others = {g: a for g, a in live_group_attempts(run).items() if a.id != attempt.id}
     final = repository.get_checkpoint(session, run.id, run.total_steps)
     done = (CheckpointState.COMMITTED, CheckpointState.DELETED)
-    if run.final_step == run.total_steps and final is not None and final.state in done:
+    finished = run.final_step == run.total_steps and final is not None and final.state in done
+    group = attempt.replica_group
+    reason = f"Slurm job {attempt.slurm_job_id} of replica group {group} ended {status_state}"
+    # A group that trained the last step and left cleanly is done, even if the writing group
+    # has not reported the final checkpoint yet: it is not replaced.
+    trained_all = exit_code == 0 and (attempt.last_step or 0) >= run.total_steps
+    if finished or trained_all:
         set_stop_reason(attempt, StopReason.COMPLETED)
         set_attempt_state(
             session, run, attempt, AttemptState.SUCCEEDED, f"Slurm job {status_state}", exit_code
         )
-        if not others:
-            if run.state == RunState.PENDING:
-                set_run_state(session, run, RunState.RUNNING, "finished before it was seen running")
-            set_run_state(
-                session, run, RunState.SUCCEEDED, f"trained {run.total_steps} steps", attempt
-            )
+        if others:
+            return  # the last group to leave decides
+        if not finished:  # every group left, the final checkpoint never committed
+            end_attempt_and_restart(session, run, attempt, reason, cause=StopReason.JOB_FAILED)
+            return
+        if run.state == RunState.PENDING:
+            set_run_state(session, run, RunState.RUNNING, "finished before it was seen running")
+        set_run_state(session, run, RunState.SUCCEEDED, f"trained {run.total_steps} steps", attempt)
         return
-    group = attempt.replica_group
-    reason = f"Slurm job {attempt.slurm_job_id} of replica group {group} ended {status_state}"
     healthy = {g for g, a in others.items() if _is_live_copy(session, a)}
     groups = replica_groups(run)
     assert attempt.replica_group is not None

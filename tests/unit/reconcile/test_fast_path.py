@@ -17,7 +17,7 @@ from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
 from service.runs.service import run_goodput
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ProgressReport
+from service.workers.schemas import CheckpointReport, FinishReport, ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -166,3 +166,23 @@ def test_without_a_spare_the_group_waits_and_rejoins_when_the_pool_refills(
     replacement = live_groups(cluster, run_id)[1]
     assert replacement.resume_step is None and bad not in replacement.nodes
     assert replacement.nodes[0] not in spare and replacement.slurm_job_id is not None
+
+
+def test_a_group_that_trained_the_last_step_is_not_replaced_and_the_last_to_leave_decides(
+    cluster: Cluster,
+) -> None:
+    run_id, groups = two_groups_training(cluster)
+    total = cluster.run(run_id).total_steps
+    report(groups[1].id, total)  # group 1 trained the last step and leaves first
+    cluster.slurm.finish(groups[1].slurm_job_id)
+    cluster.tick()
+    attempts = {a.id: a for a in cluster.attempts(run_id)}
+    assert attempts[groups[1].id].state == AttemptState.SUCCEEDED
+    assert len(attempts) == 2 and cluster.run(run_id).state == RunState.RUNNING  # no replacement
+
+    report(groups[0].id, total, checkpoint=True)  # the writer commits the final checkpoint
+    with session_scope() as session:
+        workers.record_finish(session, groups[0].id, FinishReport(final_step=total))
+    cluster.slurm.finish(groups[0].slurm_job_id)
+    cluster.tick()
+    assert cluster.run(run_id).state == RunState.SUCCEEDED
