@@ -30,18 +30,19 @@ DEFAULT_STORAGE_BYTES_PER_S = 2e12
 DEFAULT_STORAGE_BYTES_PER_S_PER_NODE = 25e9
 
 
-# Measured by `bench/recovery.py --compare` on the dev cluster (4 groups of 1 node, tiny
-# model, an Xid 79 in a node's kernel log): the survivors' stall from the Xid line to their
-# next step, and the failed group's time out until its replacement's first step. The
-# stall is the agent's report, the drain and scancel, and the lighthouse's 2 s heartbeat
-# timeout; none grows with the run. The rejoin is an sbatch onto a reserved spare, Python
-# and torch start-up and the model build: at scale add the heal transfer (assess()) and
-# the start-up of one group's ranks instead of the whole run's.
+# The fast path's two costs. The failed group's time out, from the Xid line to its
+# replacement's first step (agent, drain, scancel, sbatch onto the reserved spare, Python
+# and torch start-up, model build, heal): 11.1 s measured by `bench/recovery.py --compare`
+# on the dev cluster (4 groups of 1 node, tiny model, 2026-12-03 11:57 UTC); at scale the
+# heal transfer is added by assess(). The survivors' stall: detection and drain (0.5 s,
+# bench/recovery.py), the scancel that ends the failed group's ranks (they exit on
+# SIGTERM), and the lighthouse's 2 s heartbeat timeout before the quorum drops the group,
+# rounded up to 4 s; none of it grows with the run.
 FAST_STALL_S = 4.0
+FAST_REJOIN_S = 11.1
 # The longest a replica-group run goes without a durable (disk) checkpoint: the design's
 # "file system as the durable tier written every hour or so".
 DURABLE_CHECKPOINT_MAX_S = 3600.0
-FAST_REJOIN_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
