@@ -39,9 +39,7 @@ def test_fast_path_counts_the_survivors_stall_and_the_failed_groups_absence() ->
     rows += report(2, range(6, 7), T0 + 6, 1.0)  # the failed group's last report
     rows += report(3, range(11, 13), T0 + 15, 1.0)  # the replacement healed, trains 11, 12
     rows += report(1, range(11, 13), T0 + 21, 1.0)  # the survivor reports past the rejoin
-    got = figures(
-        rows, T0 + 6.5, ranks=4, failed_ranks=2, failed=2, replacement=3, from_disk=set()
-    )
+    got = figures(rows, T0 + 6.5, ranks=4, failed_ranks=2, failed=2, replacement=3, from_disk=set())
     assert got["survivors_stall_s"] == pytest.approx(3.0)
     assert got["steps_recomputed"] == 0
     assert got["gpu_s_lost"] == pytest.approx(2 * 3.0 + 2 * (T0 + 14 - (T0 + 6.5)), abs=0.1)
