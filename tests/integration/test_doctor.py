@@ -253,11 +253,14 @@ def test_sacct_knows_how_a_job_ended_and_the_service_reads_it(
     ).stdout.strip()
     ended = wait_for(f"sacct to record job {job}'s end", lambda: ended_jobs([job]).get(job))
     assert (ended.state, ended.exit_code) == ("FAILED", 3)
+
     # By name: a dev cluster rebuilt from scratch starts its job ids again, and sacct -j
     # then shows the newest record of an id, which may be an older cluster's job.
-    listed = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,JobName,State,ExitCode"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert f"{job}|{name}|FAILED|3:0" in listed, listed
+    def listed() -> list[str]:
+        return subprocess.run(
+            ["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,JobName,State,ExitCode"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+
+    wait_for(f"sacct to list job {job} by its name", lambda: f"{job}|{name}|FAILED|3:0" in listed())
