@@ -112,7 +112,14 @@ def figures(
         # pessimistic for the fast path). The failed group's GPUs count as lost from the
         # Xid line until its replacement's first step (its old job trained on until the
         # scancel: pessimistic again).
-        rejoined = min(t for _, t in done[replacement])
+        # The replacement's first report, not its back-dated first step: that window's mean
+        # step time includes the start-up and the heal, which would date its first step
+        # before the replacement even started (pessimistic for the fast path).
+        rejoined = min(
+            datetime.fromisoformat(row["recorded_at"]).timestamp()
+            for row in rows
+            if row["attempt_id"] == replacement
+        )
         windows: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
             if row["attempt_id"] not in (failed, replacement):

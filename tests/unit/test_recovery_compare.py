@@ -42,4 +42,6 @@ def test_fast_path_counts_the_survivors_stall_and_the_failed_groups_absence() ->
     got = figures(rows, T0 + 6.5, ranks=4, failed_ranks=2, failed=2, replacement=3, from_disk=set())
     assert got["survivors_stall_s"] == pytest.approx(3.0)
     assert got["steps_recomputed"] == 0
-    assert got["gpu_s_lost"] == pytest.approx(2 * 3.0 + 2 * (T0 + 14 - (T0 + 6.5)), abs=0.1)
+    # The failed group's GPUs are lost until the replacement's first report (T0 + 15), not
+    # its first step dated back from that report's mean step time.
+    assert got["gpu_s_lost"] == pytest.approx(2 * 3.0 + 2 * (T0 + 15 - (T0 + 6.5)), abs=0.1)
