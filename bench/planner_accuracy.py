@@ -21,6 +21,7 @@ The last line is one JSON object with the figures, the targets and "target_met".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -36,6 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from contract import ModelShape  # noqa: E402
 from planner import hardware as hardware_presets  # noqa: E402
+from planner.attention_kernels import KERNELS  # noqa: E402
 from planner.plan import PlanError, plan  # noqa: E402
 
 CASE_FILES = (
@@ -63,18 +65,39 @@ def load_cases() -> list[dict[str, Any]]:
 
 
 @contextmanager
-def gemm_efficiency(hardware: str, value: float) -> Iterator[None]:
-    """Plan with `hardware`'s GEMM efficiency set to `value`, then put the preset back."""
+def preset_changed(hardware: str, **changes: Any) -> Iterator[None]:
+    """Plan with `hardware`'s preset changed as given, then put the preset back."""
     original = hardware_presets.HARDWARE[hardware]
-    hardware_presets.HARDWARE[hardware] = dataclasses.replace(original, gemm_efficiency=value)
+    hardware_presets.HARDWARE[hardware] = dataclasses.replace(original, **changes)
     try:
         yield
     finally:
         hardware_presets.HARDWARE[hardware] = original
 
 
+def gemm_efficiency(hardware: str, value: float) -> contextlib.AbstractContextManager[None]:
+    """Plan with `hardware`'s GEMM efficiency set to `value` (the leave-one-out refit)."""
+    return preset_changed(hardware, gemm_efficiency=value)
+
+
+def stack_changes(case: dict[str, Any]) -> dict[str, Any]:
+    """The software a case states it ran (an input like its chip): kernel, fused loss."""
+    stack = case.get("stack", {})
+    changes: dict[str, Any] = {}
+    if "attention_kernel" in stack:
+        changes["attention_kernel"] = KERNELS[stack["attention_kernel"]]
+    if "fused_loss" in stack:
+        changes["fused_loss"] = bool(stack["fused_loss"])
+    return changes
+
+
 def predict(case: dict[str, Any]) -> tuple[float, str]:
     """(tokens/s per GPU, what the planner chose) with the case's published layout pinned."""
+    with preset_changed(case["hardware"], **stack_changes(case)):
+        return _predict(case)
+
+
+def _predict(case: dict[str, Any]) -> tuple[float, str]:
     layout = case["layout"]
     pinned = {pin: layout[key] for key, pin in LAYOUT_PINS.items() if key in layout}
     result = plan(

@@ -45,3 +45,26 @@ CUDNN_HOPPER = AttentionKernel("cudnn (H100)", 610e12 / H100_BF16_PEAK,
 # text, so the backward keeps FA2's H100 backward/forward ratio (326 / 372) and both keep
 # FA2's H100 half-speed key counts.
 FA2_AMPERE = AttentionKernel("flash-attention-2 (A100)", 0.70, 0.70 * 326 / 372, 80.0, 240.0)
+
+# The 2022 Triton FlashAttention (HazyResearch flash_attn/flash_attn_triton.py, pinned to
+# triton 2.0.0.dev20221202, the pre-MLIR compiler; llm-foundry's attn_impl "triton" is a
+# copy of it). Both it and FA2 issue Ampere mma.sync instructions on Hopper, so their
+# ratio carries over from the A100, where the FlashAttention-2 paper (Dao 2023, section
+# 4.1) measures FA2 "1.3-2.5x faster than FlashAttention in Triton" forward + backward.
+# We take the geometric middle of that range, 1.8x, at every length and head dim (the
+# paper gives no per-length split in text); no case was used to choose it.
+TRITON_2022_SLOWDOWN = (1.3 * 2.5) ** 0.5
+TRITON_2022_HOPPER = AttentionKernel(
+    "flash-attention triton 2022 (H100)",
+    FA2_HOPPER.forward_peak_fraction / TRITON_2022_SLOWDOWN,
+    FA2_HOPPER.backward_peak_fraction / TRITON_2022_SLOWDOWN,
+    FA2_HOPPER.forward_half_keys,
+    FA2_HOPPER.backward_half_keys,
+)
+
+# Kernels a run can state it uses (like its chip: an input, not a fitted factor).
+KERNELS: dict[str, AttentionKernel] = {
+    "flash-attention-2": FA2_HOPPER,
+    "cudnn": CUDNN_HOPPER,
+    "flash-attention-triton-2022": TRITON_2022_HOPPER,
+}

@@ -39,6 +39,10 @@ class Hardware:
     # The fused attention kernel the worker runs here, with its published speed curve;
     # `attention.py` applies it per call (keys, head dim, causal).
     attention_kernel: AttentionKernel
+    # The loss the worker runs: PyTorch's cross-entropy keeps an FP32 copy of the logits
+    # for backward; a fused kernel (flash-attn's xentropy, llm-foundry's default) keeps
+    # only the BF16 logits and writes their gradient in place (`memory.py`).
+    fused_loss: bool = False
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak of the math the linear layers run in."""
@@ -81,6 +85,29 @@ HARDWARE: dict[str, Hardware] = {
         # No power derating: FA2 leaves the tensor cores two-thirds idle (softmax and
         # synchronisation bound; FA3 paper: FA2 "achieving only 35% utilization on the
         # H100"), so the chip does not reach its power limit the way dense GEMMs do.
+        attention_kernel=FA2_HOPPER,
+    ),
+    "h100-sxm-96gb-500w": Hardware(
+        # Meta's Grand Teton hosts, where torchtitan's docs/performance.md was measured:
+        # "Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory
+        # bandwidth", "400 Gb/s per GPU", "the default 500W power limit". The same GH100
+        # chip (132 SMs, the SXM tensor-core rates) as h100-sxm.
+        name="h100-sxm-96gb-500w",
+        peak_bf16_flops=989.4e12,
+        peak_fp8_flops=1978.9e12,
+        # Six 16 GiB stacks, less the same ECC/driver reserve as the 80 GB part
+        # (81,920 - 81,559 MiB).
+        hbm_bytes=(98_304 - 361) * 2**20,
+        hbm_bytes_per_s=2.4e12,
+        nvlink_bytes_per_s=900e9,
+        ib_bytes_per_s_per_gpu=400 * GBPS,
+        efa_bytes_per_s_per_node=3200 * GBPS,
+        num_sms=132,
+        # h100-sxm's 0.65 is GEMMs held at the 700 W limit. Dynamic power goes as C V^2 f
+        # and V rises with f across the DVFS range, so power ~ f^3 and a 500 W limit
+        # leaves (500 / 700)^(1/3) = 0.89 of the clock: 0.65 x 0.89 ~ 0.58.
+        gemm_efficiency=round(0.65 * (500 / 700) ** (1 / 3), 2),
+        # FA2 via SDPA, not power-bound (see h100-sxm); torchtitan's loss is PyTorch's.
         attention_kernel=FA2_HOPPER,
     ),
     "h200": Hardware(

@@ -24,6 +24,10 @@ OPTIMIZER_BYTES = 12  # FP32 master weights + Adam m + Adam v (the ZeRO paper's 
 # Transformer Engine keeps an FP8 copy of each weight and of its transpose for the step.
 FP8_WEIGHT_CACHE_BYTES = 2
 LOGIT_BYTES = 6  # BF16 logits kept for backward plus the FP32 copy the loss works on
+# A fused cross-entropy (flash-attn's xentropy kernel, llm-foundry's default
+# `fused_crossentropy`) keeps the BF16 logits and their log-sum-exp, and writes the
+# gradient over the logits in place: no FP32 copy.
+FUSED_LOSS_LOGIT_BYTES = 2
 ZERO3_PREFETCH_LAYERS = 2  # FSDP holds the running layer and the one it prefetches
 # Allowance for what the model above does not count: the CUDA context and cuBLAS/NCCL
 # workspaces (~1-2 GiB measured per process in PyTorch), plus allocator fragmentation
@@ -93,7 +97,9 @@ def in_flight_micro_batches(layout: Layout, grad_accum: int) -> float:
     return float(in_flight)
 
 
-def activation_bytes(model: ModelShape, layout: Layout, seq_len: int, grad_accum: int) -> float:
+def activation_bytes(
+    model: ModelShape, layout: Layout, seq_len: int, grad_accum: int, fused_loss: bool = False
+) -> float:
     """Activation bytes on the busiest stage: stored layers x in-flight micro batches.
 
     Sequence parallel (always on with tp > 1) shards every stored tensor by tp; context
@@ -109,12 +115,13 @@ def activation_bytes(model: ModelShape, layout: Layout, seq_len: int, grad_accum
     if layout.recompute == "full":
         working = activation_bytes_per_token(model, "none", layout.precision)
         stored += working * tokens / layout.tp
-    logits = LOGIT_BYTES * tokens * model.vocab / layout.tp
+    logit_bytes = FUSED_LOSS_LOGIT_BYTES if fused_loss else LOGIT_BYTES
+    logits = logit_bytes * tokens * model.vocab / layout.tp
     return stored + logits
 
 
 def memory_per_gpu(
-    model: ModelShape, layout: Layout, seq_len: int, grad_accum: int
+    model: ModelShape, layout: Layout, seq_len: int, grad_accum: int, fused_loss: bool = False
 ) -> MemoryBreakdown:
     """Peak memory of one GPU under this layout, by kind, in bytes."""
     n = stage_params(model, layout)
@@ -129,7 +136,7 @@ def memory_per_gpu(
         params = n * weight_bytes
         grads = n * GRAD_BYTES / (shards if layout.zero_stage >= 2 else 1)
     optimizer = n * OPTIMIZER_BYTES / (shards if layout.zero_stage >= 1 else 1)
-    activations = activation_bytes(model, layout, seq_len, grad_accum)
+    activations = activation_bytes(model, layout, seq_len, grad_accum, fused_loss)
     counted = params + grads + optimizer + activations
     return MemoryBreakdown(
         params=params,

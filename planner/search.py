@@ -199,7 +199,9 @@ def _cost(
 ) -> None:
     """Cost one valid layout: memory first, step time only if it fits."""
     grad_accum = layout.grad_accum(request.global_batch_seqs)
-    memory = memory_per_gpu(request.model, layout, request.seq_len, grad_accum)
+    memory = memory_per_gpu(
+        request.model, layout, request.seq_len, grad_accum, request.hardware.fused_loss
+    )
     capacity = request.hardware.hbm_bytes
     if memory.total > capacity:
         outcome.reject(

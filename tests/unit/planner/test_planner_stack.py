@@ -1,0 +1,68 @@
+"""The software a run states it uses (attention kernel, fused loss) as planner inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from contract import ModelShape
+from planner import hardware as presets
+from planner.attention import kernel_efficiency
+from planner.attention_kernels import FA2_HOPPER, KERNELS, TRITON_2022_HOPPER
+from planner.layout import Layout
+from planner.memory import memory_per_gpu
+from planner.plan import PlanError, plan
+
+H100 = presets.HARDWARE["h100-sxm"]
+# MPT-1B as llm-foundry trains it (24 layers, d 2048, vocab 50,368).
+MPT_1B = ModelShape(
+    layers=24, hidden=2048, heads=16, kv_heads=16, ffn=8192, vocab=50368, mlp="gelu"
+)
+
+
+def test_the_2022_triton_kernel_runs_at_fa2_over_the_papers_middle_ratio() -> None:
+    # FlashAttention-2 paper: FA2 is 1.3-2.5x faster than FlashAttention in Triton.
+    triton = dataclasses.replace(H100, attention_kernel=TRITON_2022_HOPPER)
+    fa2 = dataclasses.replace(H100, attention_kernel=FA2_HOPPER)
+    for keys in (2048, 32768):
+        slow = kernel_efficiency(triton, keys, 128, causal=True)
+        fast = kernel_efficiency(fa2, keys, 128, causal=True)
+        assert fast[0] / slow[0] == pytest.approx((1.3 * 2.5) ** 0.5)
+        assert fast[1] / slow[1] == pytest.approx((1.3 * 2.5) ** 0.5)
+    assert KERNELS["flash-attention-triton-2022"] is TRITON_2022_HOPPER
+
+
+def test_a_fused_loss_keeps_only_the_bf16_logits() -> None:
+    layout = Layout(dp=64, tp=1, pp=1, cp=1, zero_stage=3, micro_batch_size=20,
+                    recompute="none", precision="bf16", vp=1)  # fmt: skip
+    plain = memory_per_gpu(MPT_1B, layout, 2048, 1)
+    fused = memory_per_gpu(MPT_1B, layout, 2048, 1, fused_loss=True)
+    logits = 20 * 2048 * MPT_1B.vocab
+    assert plain.activations - fused.activations == pytest.approx(4 * logits)
+
+
+def test_mpt_1b_micro_batch_20_on_64_gpus_fits_with_the_loss_it_ran() -> None:
+    # llm-foundry's H100 table: MPT-1B, 2K, 64 GPUs, micro batch 20, no checkpointing.
+    pins = {"dp": 64, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3,
+            "micro_batch_size": 20, "recompute": "none"}  # fmt: skip
+    args = (MPT_1B, "h100-sxm", 64, 2048, 2621440)
+    with pytest.raises(PlanError):  # PyTorch's loss keeps an FP32 copy: 81.5 GiB
+        plan(*args, pinned=pins)
+    original = presets.HARDWARE["h100-sxm"]
+    presets.HARDWARE["h100-sxm"] = dataclasses.replace(original, fused_loss=True)
+    try:
+        result = plan(*args, pinned=pins)
+    finally:
+        presets.HARDWARE["h100-sxm"] = original
+    assert result.layout.micro_batch_size == 20
+    assert result.memory_gib_per_gpu.total < result.memory_gib_per_gpu.capacity
+
+
+def test_the_grand_teton_preset_is_the_h100_at_500_watts_and_2_4_tb_s() -> None:
+    teton = presets.HARDWARE["h100-sxm-96gb-500w"]
+    assert teton.hbm_bytes_per_s == 2.4e12
+    assert teton.hbm_bytes > 95 * 2**30
+    assert teton.gemm_efficiency == pytest.approx(
+        H100.gemm_efficiency * (5 / 7) ** (1 / 3), abs=0.01
+    )
