@@ -2,7 +2,9 @@
 
 Each tick reads the cluster once (outside any transaction), then runs the steps in an order
 that matters: recover from failures before restarting anything, keep the spare pool full
-before placing runs, place before submitting.
+before placing runs, place before submitting. Before each step the leader asks Postgres
+whether its session still holds the lock (service/reconcile/leader.py), so a replica that lost
+its database connection, and with it the lock, stops acting before another replica starts.
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import text
-
 from service.config import Settings
 from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
+from service.reconcile.leader import LeaderLock
 from service.recovery import fast_path, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
@@ -33,7 +34,6 @@ from service.slurm.snapshot import ClusterSnapshot, take_snapshot
 
 log = logging.getLogger(__name__)
 
-ADVISORY_LOCK_KEY = 0x72756E79  # "runy": only one reconciler acts on a database at a time
 TOPOLOGY_EVERY_S = 30.0
 
 
@@ -55,8 +55,9 @@ class Reconciler:
         with session_scope() as session:
             sync_from_slurm(session, list(snapshot.nodes.values()), self._switches)
 
-    def tick(self) -> None:
-        """One pass over everything that may need action."""
+    def tick(self, still_leader: Callable[[], bool] | None = None) -> None:
+        """One pass over everything that may need action; it stops before the next step as
+        soon as `still_leader()` says this process no longer holds the leader lock."""
         snapshot = take_snapshot(self.slurm)
         s, settings, slurm = snapshot, self.settings, self.slurm
         steps: list[tuple[str, Callable[[], None]]] = [
@@ -81,33 +82,55 @@ class Reconciler:
             ("release", lambda: placement.release_ended_runs(s, slurm)),
         ]
         for name, step in steps:
+            if still_leader is not None and not still_leader():
+                log.warning("not the leader any more: tick stopped before step '%s'", name)
+                return
             try:
                 step()
             except Exception:  # one failing step must not stop the others
                 log.exception("reconcile step '%s' failed; retrying next tick", name)
 
 
-def run_forever(settings: Settings, stop: threading.Event) -> None:
-    """Hold the advisory lock on a dedicated connection, then tick until `stop` is set."""
-    with get_engine().connect() as lock_conn:
+def run_forever(
+    settings: Settings,
+    stop: threading.Event,
+    reconciler: Reconciler | None = None,
+    lock: LeaderLock | None = None,
+) -> None:
+    """Lead while this process holds the advisory lock, until `stop` is set.
+
+    Asks for the lock every interval; once it has it, ticks while its session still holds
+    it. A lost session (Postgres restarted, the connection cut) ends the leading at the next
+    check, and the loop goes back to asking, so at most one process acts at a time.
+    """
+    lock = lock or LeaderLock(get_engine())
+    try:
         while not stop.is_set():
-            got = lock_conn.execute(
-                text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY}
-            ).scalar()
-            lock_conn.commit()
-            if got:
-                break
-            stop.wait(settings.reconcile_interval_s)
-        log.info(
-            "reconciler holds the lock; reconciling every %.1f s", settings.reconcile_interval_s
-        )
-        reconciler = Reconciler(settings)
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                reconciler.tick()
-            except Exception:  # e.g. Slurm unreachable for the snapshot
-                log.exception("reconcile tick failed; retrying next tick")
-            RECONCILE_DURATION.observe(time.monotonic() - started)
-            RECONCILE_LAST_TICK.set_to_current_time()
-            stop.wait(max(0.0, settings.reconcile_interval_s - (time.monotonic() - started)))
+            if not lock.try_acquire():
+                stop.wait(settings.reconcile_interval_s)
+                continue
+            log.info(
+                "reconciler holds the lock; reconciling every %.1f s",
+                settings.reconcile_interval_s,
+            )
+            reconciler = reconciler or Reconciler(settings)
+            lead(settings, stop, reconciler, lock)
+            if not stop.is_set():
+                log.warning("reconciler lost the leader lock; stopped acting, asking for it again")
+    finally:
+        lock.release()
+
+
+def lead(
+    settings: Settings, stop: threading.Event, reconciler: Reconciler, lock: LeaderLock
+) -> None:
+    """Tick every interval while the lock is held; return once it is not."""
+    while not stop.is_set() and lock.held():
+        started = time.monotonic()
+        try:
+            reconciler.tick(still_leader=lock.held)
+        except Exception:  # e.g. Slurm unreachable for the snapshot
+            log.exception("reconcile tick failed; retrying next tick")
+        RECONCILE_DURATION.observe(time.monotonic() - started)
+        RECONCILE_LAST_TICK.set_to_current_time()
+        stop.wait(max(0.0, settings.reconcile_interval_s - (time.monotonic() - started)))
