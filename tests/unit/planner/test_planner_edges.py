@@ -109,12 +109,9 @@ def test_explain_adds_up_to_the_step_time() -> None:
 
 
 # Edge cases the model still misses by more than 25 % (issue 18, open): torchtitan's
-# Grand Teton rows at 500 W, whose short-sequence anchors are also ~25 % fast, and the
-# 128K / cp 4 row, ~70 % fast, which nothing modelled here explains yet.
-OPEN_MISSES = {
-    "llama31-8b-128k-cp4-8xh100-96gb-500w-fp8",
-    "llama31-8b-8k-128xh100-96gb-500w-fp8",
-}
+# 128K / cp 4 row is ~40 % fast while its 32K / cp 1 and 64K / cp 2 rows on the same hosts
+# are within 10 %; nothing modelled here explains the jump yet.
+OPEN_MISSES = {"llama31-8b-128k-cp4-8xh100-96gb-500w-fp8"}
 
 
 def test_every_edge_case_names_its_source_and_is_within_25_percent() -> None:
