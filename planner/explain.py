@@ -16,7 +16,7 @@ from .attention import ATTENTION_BACKWARD_RATIO, kernel_efficiency
 from .collectives import Fabric
 from .hardware import Hardware, Network, hardware_named
 from .layout import Layout
-from .step_time import busiest_stage, estimate_step, layer_time, logits_s
+from .step_time import step_parts
 from .transformer import attention_forward_flops, layer_matmul_params
 
 
@@ -38,22 +38,9 @@ def explain_step(
     grad_accum: int,
 ) -> list[StepCause]:
     """Every cause of one step's time on the busiest rank; they add up to the step time."""
-    step = estimate_step(model, hardware, fabric, layout, seq_len, grad_accum)
-    tokens = layout.micro_batch_size * seq_len // layout.cp
-    layer = layer_time(
-        model,
-        hardware,
-        fabric,
-        layout.precision,
-        layout.tp,
-        layout.cp,
-        tokens,
-        seq_len,
-        layout.recompute,
-    )
-    logits = logits_s(model, hardware, layout, tokens)
-    layers, extra = busiest_stage(model, layout, layer, logits)
-    per_step = grad_accum * layers
+    parts = step_parts(model, hardware, fabric, layout, seq_len, grad_accum)
+    step, layer, tokens, extra = parts.step, parts.layer, parts.tokens, parts.logits_s
+    per_step = grad_accum * parts.stage_layers
     fwd_eff, bwd_eff = kernel_efficiency(hardware, seq_len / layout.cp, model.head_dim, True)
     kernel_keys = seq_len // layout.cp
     gemm_flops = 3 * 2.0 * tokens * layer_matmul_params(model) / layout.tp

@@ -115,7 +115,7 @@ def plan(
     Raises PlanError when nothing fits or nothing valid matches the pins, with the reason
     and (for memory) by how much and what would help.
     """
-    request = make_request(
+    request, outcome = _searched(
         model,
         hardware,
         num_gpus,
@@ -125,8 +125,8 @@ def plan(
         network,
         pinned,
         gpus_per_node,
+        keep=num_runners_up + 1,
     )
-    outcome = search(request, keep=num_runners_up + 1)
     if not outcome.ranked:
         raise no_layout_error(request, outcome)
     return _result(request, outcome, reliability)
@@ -148,6 +148,36 @@ def explain_does_not_fit(
     Also None when no layout is valid at all (a pin that does not divide): `plan()` raises
     that reason, which is not about memory.
     """
+    request, outcome = _searched(
+        model,
+        hardware,
+        num_gpus,
+        seq_len,
+        global_batch_tokens,
+        precision,
+        network,
+        pinned,
+        gpus_per_node,
+        keep=1,
+    )
+    if outcome.ranked or outcome.closest_misfit is None:
+        return None
+    return misfit_error(request, outcome.closest_misfit).message
+
+
+def _searched(
+    model: ModelShape,
+    hardware: str,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    precision: str,
+    network: str,
+    pinned: Mapping[str, int | str | None] | None,
+    gpus_per_node: int,
+    keep: int,
+) -> tuple[Request, SearchOutcome]:
+    """Validate the inputs and search their layouts, keeping the `keep` fastest that fit."""
     request = make_request(
         model,
         hardware,
@@ -159,10 +189,7 @@ def explain_does_not_fit(
         pinned,
         gpus_per_node,
     )
-    outcome = search(request, keep=1)
-    if outcome.ranked or outcome.closest_misfit is None:
-        return None
-    return misfit_error(request, outcome.closest_misfit).message
+    return request, search(request, keep=keep)
 
 
 def _planned(candidate: Candidate) -> PlannedLayout:

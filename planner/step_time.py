@@ -245,6 +245,17 @@ def _data_parallel_s(
     return exposed + OVERLAP_SLOWDOWN * overlapped
 
 
+@dataclass(frozen=True, slots=True)
+class StepParts:
+    """A step's time and the per-layer terms it was built from (`runyard plan --explain`)."""
+
+    step: StepTime
+    layer: LayerTime  # one layer, one micro batch, on the busiest rank
+    stage_layers: float  # layers the busiest stage runs per micro batch
+    logits_s: float  # output projection and loss per micro batch, where that stage runs it
+    tokens: int  # local tokens per micro batch (micro batch x seq / cp)
+
+
 def estimate_step(
     model: ModelShape,
     hardware: Hardware,
@@ -254,6 +265,18 @@ def estimate_step(
     grad_accum: int,
 ) -> StepTime:
     """The step time of `layout` for a global batch of grad_accum x dp micro batches."""
+    return step_parts(model, hardware, fabric, layout, seq_len, grad_accum).step
+
+
+def step_parts(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    layout: Layout,
+    seq_len: int,
+    grad_accum: int,
+) -> StepParts:
+    """`estimate_step` with the per-layer terms it adds up, for callers that show them."""
     tokens = layout.micro_batch_size * seq_len // layout.cp
     layer = layer_time(
         model,
@@ -294,7 +317,7 @@ def estimate_step(
         dp_comm += copies / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
     owned = params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
     optimizer = owned * OPTIMIZER_BYTES_MOVED / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
-    return StepTime(
+    step = StepTime(
         compute_s=grad_accum * compute_mb,
         tp_comm_s=grad_accum * tp_mb,
         cp_comm_s=grad_accum * cp_mb,
@@ -303,3 +326,4 @@ def estimate_step(
         dp_comm_s=dp_comm,
         optimizer_s=optimizer,
     )
+    return StepParts(step, layer, stage_layers, stage_extra, tokens)
