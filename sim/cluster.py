@@ -102,12 +102,13 @@ class Cluster:
             self.spares.remove(pick)
         return pick
 
-    def fill_holes(self, group_nodes: int | None = None) -> list[int]:
+    def fill_holes(self, group_nodes: int | None = None, reserve: int | None = None) -> list[int]:
         """A run that lost nodes without a spare gets nodes from placement (free healthy
         ones, then idle spares), after the pool took its refill (the reconciler's order:
         spares, then placement): all its holes at once, as one job needs them, or, with
-        `group_nodes`, group by group (the fast path resubmits each replica group alone).
-        The slots filled."""
+        `group_nodes`, group by group (the fast path resubmits each replica group alone),
+        those the spare policy grants while it keeps `reserve` (None: every group that
+        fits, the policy before). The slots filled."""
         holes = [i for i, n in enumerate(self.slots) if n is None]
         if not holes:
             return []
@@ -115,6 +116,14 @@ class Cluster:
             by_group: dict[int, list[int]] = {}
             for i in holes:
                 by_group.setdefault(i // group_nodes, []).append(i)
+            if reserve is not None:
+                granted = self.policy.grant(
+                    {g: len(h) for g, h in by_group.items()},
+                    len(self.free) + len(self.spares),
+                    reserve,
+                    others_train=True,
+                )
+                by_group = {g: by_group[g] for g in granted}
             filled: list[int] = []
             for group_holes in by_group.values():
                 filled += self._fill(group_holes)

@@ -29,7 +29,7 @@ from service.recovery.paths import RecoveryPath
 from sim import failures
 from sim.cluster import Cluster
 from sim.costs import NCCL_TRANSPORT_TIMEOUT_S, PhaseCosts, phase_costs
-from sim.failures import Failure, Report
+from sim.failures import NODES_PER_LEAF, Failure, Report
 from sim.ledger import Ledger, Use
 from sim.policy import Policy
 from sim.run_shape import RunShape, planned_run
@@ -45,6 +45,15 @@ class SimConfig:
     fast_path: bool = True  # False: today's classic path for every failure
     seed: int = 0
     min_nodes: int | None = None  # the run's spec: shrink down to this rather than wait
+    # The spare policy for correlated failures (service/recovery/spares.py): the pool sized
+    # for one leaf switch besides the independent failures (capped at 1.5% of the nodes),
+    # spares handed out by whole replica groups keeping a reserve. False: the policy before
+    # it, as the reconciler still acts today: the planner's pool for independent failures
+    # only, a spare for each failed node as it comes.
+    leaf_aware: bool = True
+    # Seconds of training between checkpoints; None: the planner's (`checkpoint_interval_s`,
+    # Daly's interval for the classic path: the only one planner.reliability returns).
+    interval_s: float | None = None
 
 
 @dataclass
@@ -56,8 +65,11 @@ class SimResult:
     classic_because: Counter[str]
     worst_hour: tuple[int, float]
     pool_size: int
-    pool_ran_dry: bool
-    nodes_without_spare: int
+    pool_ran_dry: bool  # a failed node found the pool empty, or short of its group's need
+    nodes_without_spare: int  # failed nodes not replaced at once (dry or held back)
+    held_back: int  # of them: left waiting for their leaf so that the reserve stays
+    single_found_none: bool  # a one-node failure (the independent kind) found no spare
+    leaf_failures: int  # whole-leaf failures that hit the run
     failures: int
     drained: int
     spares_same_leaf: int
@@ -91,9 +103,17 @@ class Simulation:
         rel = self.policy.reliability(
             self.run.model, self.run.num_gpus, self.run.step_s, assumptions
         )
-        self.interval_s = rel.checkpoint_interval_s
+        self.interval_s = (
+            rel.checkpoint_interval_s if config.interval_s is None else config.interval_s
+        )
         self.write_s = rel.checkpoint_write_s
-        pool = rel.spare_nodes if config.pool is None else config.pool
+        pool = rel.spare_nodes
+        if config.pool is not None:
+            pool = config.pool
+        elif config.leaf_aware:
+            pool = self.policy.pool_target(rel.spare_nodes, NODES_PER_LEAF, self.run.num_nodes)
+        rate_per_h = failures.failure_rate_per_s(self.run.num_gpus, config.scale) * 3600
+        self.reserve = self.policy.reserve(rate_per_h) if config.leaf_aware else None
         self.cluster = Cluster(self.policy, run_nodes=self.run.num_nodes, pool_target=pool)
         self.costs = phase_costs(
             self.run.model,
@@ -120,6 +140,9 @@ class Simulation:
         self.classic_because: Counter[str] = Counter()
         self.pool_ran_dry = False
         self.nodes_without_spare = 0
+        self.held_back = 0
+        self.single_found_none = False
+        self.leaf_failures = 0
         self.failures = 0
         self.drained = 0
         self.same_leaf = 0
@@ -157,6 +180,9 @@ class Simulation:
             pool_size=self.cluster.pool_target,
             pool_ran_dry=self.pool_ran_dry,
             nodes_without_spare=self.nodes_without_spare,
+            held_back=self.held_back,
+            single_found_none=self.single_found_none,
+            leaf_failures=self.leaf_failures,
             failures=self.failures,
             drained=self.drained,
             spares_same_leaf=self.same_leaf,
@@ -226,22 +252,25 @@ class Simulation:
         if not in_run:
             return
         self.failures += 1
+        self.leaf_failures += f.leaf is not None
         failed_groups: set[int] = set()
-        moved = False
+        drained: dict[int, str] = {}  # slot -> the failed node drained from it
         for node, slot in sorted(in_run.items(), key=lambda x: x[1]):
             action = self.policy.action(f.cause.signal, self.app_errors, node)
             if action == RecoveryAction.DRAIN_AND_MOVE:
-                self.replace(t, node, slot, f, back)
-                moved = True
+                cluster.drain(node, f.cause.signal)
+                cluster.set_slot(slot, None)
+                self.drained += 1
+                self.at(back, "repaired", node)
+                drained[slot] = node
             elif f.cause.broken:
                 self.broken_in_run.add(node)  # restarted in place on a broken node
             group = slot // self.run.group_nodes
             if group < self.groups_now():
                 failed_groups.add(group)
-        if moved:
-            cluster.hold_run()
         detect = self.costs.detect_s[f.cause.report]
         if not failed_groups:
+            self.replace(drained, others_train=True)
             return  # an idle node of a shrunk run
         in_classic = self.stop is not None and self.stop.classic
         why: str
@@ -254,6 +283,7 @@ class Simulation:
             why = because.value if because else ""
         else:
             path, why = RecoveryPath.CLASSIC, "classic path only"
+        self.replace(drained, others_train=path == RecoveryPath.FAST)
         self.recoveries[path.value] += 1
         if path == RecoveryPath.FAST:
             self.fast(t, f.cause.report, failed_groups, detect)
@@ -265,19 +295,45 @@ class Simulation:
         self.begin_stop(t, [(Use.DETECTION, t + detect)], classic=True)
         self.at(t + detect, "detected", self.stop_id)
 
-    def replace(self, t: float, node: str, slot: int, f: Failure, back: float) -> None:
+    def replace(self, drained: dict[int, str], *, others_train: bool) -> None:
+        """Spares for the drained slots: the service's grant (whole groups, a reserve kept
+        for a leaf's failure), then its choice of spare for each node of a granted group."""
+        if not drained:
+            return
         cluster = self.cluster
-        cluster.drain(node, f.cause.signal)
-        self.drained += 1
-        self.at(back, "repaired", node)
-        spare = cluster.take_spare()
-        cluster.set_slot(slot, spare)
-        if spare is None:
-            self.pool_ran_dry = True
-            self.nodes_without_spare += 1
+        if self.reserve is None:  # the policy before: a spare per node, while any is left
+            granted = set(drained)
         else:
-            self.spares_used += 1
-            self.same_leaf += cluster.switch[spare] == cluster.switch[node]
+            size = self.run.group_nodes if others_train else len(cluster.slots)
+            missing = Counter(slot // size for slot in drained)
+            groups = set(
+                self.policy.grant(
+                    dict(missing), len(cluster.spares), self.reserve, others_train=others_train
+                )
+            )
+            granted = {slot for slot in drained if slot // size in groups}
+            left = len(cluster.spares) - sum(missing[g] for g in groups)
+            for g, need in missing.items():
+                if g not in groups:
+                    if left >= need:
+                        self.held_back += need  # the spares are there: kept as the reserve
+                    else:
+                        self.pool_ran_dry = True
+                    self.nodes_without_spare += need
+        for slot, node in sorted(drained.items()):
+            if slot not in granted:
+                self.single_found_none |= len(drained) == 1
+                continue
+            spare = cluster.take_spare()
+            cluster.set_slot(slot, spare)
+            if spare is None:
+                self.pool_ran_dry = True
+                self.nodes_without_spare += 1
+                self.single_found_none |= len(drained) == 1
+            else:
+                self.spares_used += 1
+                self.same_leaf += cluster.switch[spare] == cluster.switch[node]
+        cluster.hold_run()
 
     def fast(self, t: float, report: Report, groups: set[int], detect: float) -> None:
         if self.stop is None:
@@ -349,7 +405,7 @@ class Simulation:
         cluster.refill()  # the reconciler's order: spares first, then placement
         stop = self.stop
         classic = stop is not None and stop.classic
-        filled = cluster.fill_holes(None if classic else self.run.group_nodes)
+        filled = cluster.fill_holes(None if classic else self.run.group_nodes, self.reserve)
         if not filled:
             return
         if stop is not None and classic and stop.phases[-1][1] == INF:

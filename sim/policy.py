@@ -53,6 +53,25 @@ class Policy:
         return spares.choose_new_spares(free, spare_switches, count)
 
     @staticmethod
+    def pool_target(independent: int, nodes_per_leaf: int, run_nodes: int) -> int:
+        """The pool's size: independent failures plus one leaf switch, capped (1.5%)."""
+        return spares.pool_target(
+            independent=independent, nodes_per_leaf=nodes_per_leaf, run_nodes=run_nodes
+        )
+
+    @staticmethod
+    def reserve(failures_per_hour: float) -> int:
+        """Spares a correlated failure must leave for the independent ones."""
+        return spares.reserve_for(failures_per_hour)
+
+    @staticmethod
+    def grant(
+        missing: dict[int, int], available: int, reserve: int, *, others_train: bool
+    ) -> list[int]:
+        """Which groups that lack nodes get spares now (whole groups, reserve kept)."""
+        return spares.spares_to_grant(missing, available, reserve, others_train=others_train)
+
+    @staticmethod
     def nodes_for_run(
         free: list[tuple[str, str | None]],
         kept_switches: set[str | None],

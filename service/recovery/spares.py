@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from planner import reliability
 from service.config import Settings
 from service.db import session_scope
 from service.models import ClusterSetting, Node, NodeState, Run, RunState
@@ -18,6 +20,12 @@ from service.slurm.snapshot import ClusterSnapshot
 
 TARGET_KEY = "spare_pool_target"
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.CANCELLING)
+# The most of a run's nodes the pool may hold idle (issue 14: 1.5%, 19 of 1,280 nodes).
+MAX_SPARE_SHARE = 0.015
+# A failed leaf switch is swapped on site and its nodes come back together: hours, where a
+# drained node's repair takes a day (planner.reliability's repair_window_h). An assumption;
+# the failure simulation (sim/failures.py) draws a leaf's repair with the same mean.
+LEAF_REPAIR_H = 4.0
 
 
 def get_target(session: Session) -> int:
@@ -31,6 +39,50 @@ def set_target(session: Session, size: int) -> None:
         session.add(ClusterSetting(key=TARGET_KEY, value=size))
     else:
         row.value = size
+
+
+def pool_target(
+    *, independent: int, nodes_per_leaf: int, run_nodes: int, max_share: float = MAX_SPARE_SHARE
+) -> int:
+    """The pool's size for a run of `run_nodes`: the spares that cover independent node
+    failures over the repair window (`independent`, the planner's `spare_nodes`) plus one
+    leaf switch's nodes, which fail together when their switch does, capped at `max_share`
+    of the run's nodes, and never under `independent`.
+
+    At 1,280 nodes the cap binds (11 + 16 > 19): what a leaf failure may take from the pool
+    is then bounded by `spares_to_grant`."""
+    cap = math.floor(max_share * run_nodes)
+    return max(independent, min(independent + nodes_per_leaf, cap))
+
+
+def reserve_for(failures_per_hour: float, hours: float = LEAF_REPAIR_H, risk: float = 0.01) -> int:
+    """Spares a correlated failure must leave in the pool: enough for the independent
+    failures that arrive, at the run's rate, before its nodes are back (chance of needing
+    more under `risk`)."""
+    return reliability.spares_needed(failures_per_hour * hours, risk)
+
+
+def spares_to_grant(
+    missing: Mapping[int, int], available: int, reserve: int, *, others_train: bool
+) -> list[int]:
+    """Which of a run's replica groups (group -> nodes it lacks) get spares now.
+
+    Whole groups only, fewest missing first: a group short of one node cannot start, and
+    spares handed to it would sit idle while the next failure finds none. A run that is
+    stopped (`others_train` False: no replica groups, or the classic path) takes every group
+    the pool can complete: waiting would idle all of it. Where the other groups train on
+    (the fast path), a group that lacks one node (an independent failure) takes a spare
+    whenever there is one, and a group that lost several at once (a leaf switch) only if
+    `reserve` spares stay for the independent failures expected before its nodes are back;
+    until then it waits for them while the others train."""
+    granted: list[int] = []
+    left = available
+    for group, need in sorted(missing.items(), key=lambda kv: (kv[1], kv[0])):
+        keep = reserve if others_train and need > 1 else 0
+        if need > 0 and left - need >= keep:
+            granted.append(group)
+            left -= need
+    return granted
 
 
 def spare_nodes(session: Session, *, for_update: bool = False) -> list[Node]:

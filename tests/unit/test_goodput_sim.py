@@ -11,7 +11,7 @@ import pytest
 from planner import reliability
 from service.models import RecoveryAction
 from service.reconcile import placement as run_placement
-from service.recovery import classification, paths
+from service.recovery import classification, paths, spares
 from service.slurm import placement as slurm_placement
 from sim.engine import SimConfig, SimResult, Simulation, simulate
 from sim.ledger import Use
@@ -62,9 +62,37 @@ def test_the_checkpoint_interval_is_the_planners(monkeypatch: pytest.MonkeyPatch
 
 def test_the_spare_pool_size_is_the_planners(monkeypatch: pytest.MonkeyPatch) -> None:
     config = SimConfig(days=DAYS, seed=4)
-    assert simulate(config).pool_size == 11  # Llama 3's rate, 1,280 nodes, 24 h repairs
+    # Llama 3's rate, 1,280 nodes, 24 h repairs: 11 for independent failures (the
+    # planner), + 16 for a leaf switch, capped at 1.5% of the nodes (spares.pool_target).
+    assert simulate(config).pool_size == 19
+    assert simulate(dataclasses.replace(config, leaf_aware=False)).pool_size == 11
     monkeypatch.setattr(reliability, "spares_needed", lambda expected, risk: 2)
-    assert simulate(config).pool_size == 2
+    assert simulate(config).pool_size == 18
+    assert simulate(dataclasses.replace(config, leaf_aware=False)).pool_size == 2
+    monkeypatch.setattr(spares, "pool_target", lambda **kw: 7)
+    assert simulate(config).pool_size == 7
+
+
+def test_a_leaf_failure_leaves_spares_for_the_failures_after_it() -> None:
+    """Seed 0 at Llama 3's rate has a leaf switch fail under the run: with the planner's
+    11 spares handed out node by node, a later one-node failure found none; the leaf-aware
+    policy (19 spares, whole groups, a reserve) keeps one for it and waits less."""
+    config = SimConfig(days=30, seed=0)
+    before = simulate(dataclasses.replace(config, leaf_aware=False))
+    after = simulate(config)
+    assert before.leaf_failures == after.leaf_failures == 1
+    assert before.single_found_none and not after.single_found_none
+    assert after.badput["waiting_spare"] < before.badput["waiting_spare"]
+
+
+def test_which_groups_get_spares_is_the_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = SimConfig(days=DAYS, scale=3, seed=2)
+    before = simulate(config)
+    assert before.spares_used > 0
+    monkeypatch.setattr(spares, "spares_to_grant", lambda *a, **kw: [])
+    after = simulate(config)
+    assert after.spares_used == 0 and after.nodes_without_spare == after.drained
+    assert after.badput["waiting_spare"] > before.badput["waiting_spare"]
 
 
 def test_whether_to_drain_is_the_classification_tables(monkeypatch: pytest.MonkeyPatch) -> None:
