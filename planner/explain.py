@@ -61,7 +61,13 @@ def explain_step(
             per_step * layer.attention_s,
             f"{attention_share:.0%} of BF16 peak overall; {hardware.attention_kernel.name} over "
             f"{kernel_keys:,} keys, head dim {model.head_dim}: forward {fwd_eff:.0%}, "
-            f"backward {bwd_eff:.0%} (published curves)",
+            f"backward {bwd_eff:.0%} (published curves)"
+            + (
+                f"; cp={layout.cp}: that causal call and {layout.cp - 1} non-causal ones "
+                f"over {kernel_keys // 2:,} keys per ring pass (load-balanced chunks)"
+                if layout.cp > 1
+                else ""
+            ),
         ),
         StepCause(
             "memory_bound",
