@@ -2,16 +2,19 @@
 
 Two case files: ../shared/planner_cases.json (eight runs the team shares) and
 bench/planner_cases_edges.json (runs at the model's weakest edges: sequences of 16K-128K
-tokens, and 1B-8B models on many GPUs). Each case gives a model, a cluster, a layout
-(parts left out are chosen by the planner) and the throughput its source reports. We
-compare tokens/s per GPU, which does not depend on how a source counts FLOPs. The model
-has no per-case or per-source knob: the same hardware presets serve every case.
+tokens, and 1B-8B models on many GPUs, plus rows from the same hosts). Each case gives a
+model, a cluster, a layout (parts left out are chosen by the planner) and the throughput
+its source reports. We compare tokens/s per GPU, which does not depend on how a source
+counts FLOPs. The model has no per-case or per-source knob: a case states its chip (a
+hardware preset) and, where its source says so, its software ("stack": the attention
+kernel, a fused loss), each an input with its own published figures.
 
 Leave-one-out (`--leave-one-out`): the only constants set with cases in view are the
-GEMM efficiencies of the hardware presets (`gemm_efficiency`; every other constant comes
-from a published measurement and no case). For each case, that constant is refit on the
-other scored cases of the same hardware (least mean |log error| over a grid) and
-the case is scored with the refit value, so no case helps predict itself.
+GEMM efficiencies of the hardware presets (`gemm_efficiency`; every other constant, the
+kernels' curves and the loss's bytes included, comes from a published measurement and no
+case). For each case, that constant is refit on the other scored cases of the same
+hardware (least mean |log error| over a grid) and the case is scored with the refit
+value, so no case helps predict itself.
 
     .venv/bin/python bench/planner_accuracy.py [--leave-one-out]
 
