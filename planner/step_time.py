@@ -57,6 +57,8 @@ OPTIMIZER_BYTES_MOVED = 28
 # again in backward (read 2 + write 2 bytes each), and every gradient into the
 # reduce-scatter buffer (read 2 + write 2): PyTorch FSDP2 design, copy-in / copy-out.
 ZERO3_COPY_BYTES_PER_PARAM = 12
+LOSS_BYTES_PYTORCH = 4.0 * 4  # per logit: FP32, ~4 passes (see `logits_s`)
+LOSS_BYTES_FUSED = 2.0 + 2 * 2  # per logit: BF16 read forward, read + write backward
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +207,11 @@ def logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int)
     conversion skips the "output" module by default.
     """
     gemm = gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, "bf16")
-    loss_bytes = 4.0 * 4 * tokens * model.vocab / layout.tp  # FP32, ~4 passes
+    # PyTorch's loss makes ~4 FP32 passes over the logits (cast, log-softmax, its
+    # backward, the cast back); a fused cross-entropy reads the BF16 logits forward and
+    # reads and overwrites them with their gradient backward (flash-attn's xentropy).
+    per_logit = LOSS_BYTES_FUSED if hardware.fused_loss else LOSS_BYTES_PYTORCH
+    loss_bytes = per_logit * tokens * model.vocab / layout.tp
     return 3 * gemm + loss_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
 
 

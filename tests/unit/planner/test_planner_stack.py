@@ -72,3 +72,14 @@ def test_pytorch_sdpa_flash_runs_at_its_published_share_of_fa2() -> None:
     sdpa = KERNELS["pytorch-sdpa-flash"]
     ratio = sdpa.forward_peak_fraction / FA2_HOPPER.forward_peak_fraction
     assert ratio == pytest.approx(0.81, abs=0.005)  # pytorch/benchmark PR #2296, 1K-16K
+
+
+def test_a_fused_loss_moves_fewer_bytes_over_the_logits() -> None:
+    from planner.step_time import LOSS_BYTES_FUSED, LOSS_BYTES_PYTORCH, logits_s
+
+    layout = Layout(dp=8, tp=1, pp=1, cp=1, zero_stage=3, micro_batch_size=1,
+                    recompute="none", precision="bf16", vp=1)  # fmt: skip
+    fused = dataclasses.replace(H100, fused_loss=True)
+    saved = logits_s(MPT_1B, H100, layout, 8192) - logits_s(MPT_1B, fused, layout, 8192)
+    moved = (LOSS_BYTES_PYTORCH - LOSS_BYTES_FUSED) * 8192 * MPT_1B.vocab
+    assert saved == pytest.approx(moved / (0.8 * H100.hbm_bytes_per_s))
