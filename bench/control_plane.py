@@ -21,6 +21,25 @@ did (its request queue is scanned per request), and the bench measured itself.
 The last line is one JSON object with the figures, the targets (>= 5,000 events/s
 sustained, p99 latency < 100 ms for event batches and heartbeats, no failed request) and
 "target_met".
+
+    .venv/bin/python bench/control_plane.py --nodes 1280 [--seconds 10]
+
+A recovery storm at 10,240 GPUs: a whole leaf switch (16 nodes) fails while 1,280
+simulated agents heartbeat. The dev cluster has 8 real nodes, so the cluster this mode
+drives is the in-memory SlurmClient (service/slurm/fake.py): 1,280 nodes on leaf switches
+of 16, run by the real `Reconciler` (every step, one tick a second) in a process of its
+own, on the same fresh database as the real service, which runs as in the first mode
+(HTTP only: RUNYARD_RUN_RECONCILER=false, so one reconciler acts). That process creates
+200 runs of 6 nodes through the service's `create_run`, the spare pool at the size
+`service.recovery.spares.pool_target` gives (19), places and starts them, and then ticks.
+The bench sends every agent's heartbeat over HTTP (one per node every 5 s) and a stream of
+observe-only Xid 92 batches; after `--seconds` the 16 agents of a leaf switch whose nodes
+all train runs fall silent (the switch took their management traffic with it) and the load
+goes on. Measured from Postgres: the silence to the service's verdict (its
+heartbeat_dead_s, 20 s), the verdict to each affected run's next attempt submitted on
+nodes off the leaf (the target: within 10 s) and started by Slurm. "Nothing lost": every
+request answered 2xx, every accepted event stored, one incident per silent node and none
+for any other, every run still active on 6 healthy nodes.
 """
 
 from __future__ import annotations
@@ -28,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import socket
 import statistics
@@ -36,7 +56,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Collection
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -75,9 +98,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def fresh_database() -> str:
+def fresh_database(*, sim_nodes: bool = True) -> str:
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{DATABASE}"
     postgres.fresh_database(url)
+    if not sim_nodes:
+        return url
     with psycopg.connect(url.replace("+psycopg", "")) as conn:
         conn.execute(
             "INSERT INTO nodes (name, state, state_reason, slurm_state, slurm_reason, addr, "
@@ -88,9 +113,10 @@ def fresh_database() -> str:
     return url
 
 
-def mint_agent_tokens(url: str) -> dict[str, str]:
+def mint_agent_tokens(url: str, names: list[str] | None = None) -> dict[str, str]:
     """One agent token per simulated node, as `runyard dev up` gives each real agent."""
-    secrets = {sim_node(i): new_token() for i in range(NUM_NODES)}
+    names = names or [sim_node(i) for i in range(NUM_NODES)]
+    secrets = {n: new_token() for n in names}
     with psycopg.connect(url.replace("+psycopg", "")) as conn, conn.cursor() as cur:
         cur.execute(
             "INSERT INTO teams (name, created_at) VALUES ('ops', now()) ON CONFLICT DO NOTHING"
@@ -103,7 +129,9 @@ def mint_agent_tokens(url: str) -> dict[str, str]:
     return secrets
 
 
-def start_service(url: str, dev: DevCluster, port: int, state: Path) -> subprocess.Popen[bytes]:
+def start_service(
+    url: str, dev: DevCluster, port: int, state: Path, *, reconciler: bool = True
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "RUNYARD_DATABASE_URL": url,
@@ -111,6 +139,7 @@ def start_service(url: str, dev: DevCluster, port: int, state: Path) -> subproce
         "RUNYARD_SLURM_CONF": str(dev.slurm_conf),
         "SLURM_CONF": str(dev.slurm_conf),
         "RUNYARD_HEARTBEAT_SUSPECT_S": "60",
+        "RUNYARD_RUN_RECONCILER": "true" if reconciler else "false",
     }
     with open(state / "svc.log", "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
@@ -186,12 +215,21 @@ class Tally:
         self.failures[why] = self.failures.get(why, 0) + 1
 
 
-async def heartbeats(port: int, tokens: dict[str, str], until: float, tally: Tally) -> None:
-    """Every simulated node once per period, spread evenly over it."""
+async def heartbeats(
+    port: int,
+    tokens: dict[str, str],
+    until: float,
+    tally: Tally,
+    silent: Collection[str] = (),
+    silent_from: float = math.inf,
+) -> None:
+    """Every simulated node once per period, spread evenly over it; the `silent` ones
+    (a failed leaf switch's) send none due from `silent_from` on."""
+    names = list(tokens)
     idle: asyncio.Queue[Connection] = asyncio.Queue()
     for _ in range(HEARTBEAT_CONNECTIONS):
         idle.put_nowait(await Connection.open(port))
-    sent, gap = 0, HEARTBEAT_PERIOD_S / NUM_NODES
+    sent, gap = 0, HEARTBEAT_PERIOD_S / len(names)
     start = time.monotonic()
     pending: set[asyncio.Task[None]] = set()
 
@@ -211,7 +249,11 @@ async def heartbeats(port: int, tokens: dict[str, str], until: float, tally: Tal
 
     while (due := start + sent * gap) < until:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        task = asyncio.create_task(one(sim_node(sent), due))
+        name = names[sent % len(names)]
+        if due >= silent_from and name in silent:
+            sent += 1
+            continue
+        task = asyncio.create_task(one(name, due))
         pending.add(task)
         task.add_done_callback(pending.discard)
         sent += 1
@@ -220,14 +262,24 @@ async def heartbeats(port: int, tokens: dict[str, str], until: float, tally: Tal
         idle.get_nowait().close()
 
 
-async def events(port: int, tokens: dict[str, str], until: float, tally: Tally) -> None:
-    """Batches of observe-only events (corrected-ECC Xid 92) as fast as they are accepted."""
+async def events(
+    port: int,
+    tokens: dict[str, str],
+    until: float,
+    tally: Tally,
+    streams: int = EVENT_STREAMS,
+    pause_s: float = 0.0,
+    silent: Collection[str] = (),
+) -> None:
+    """Batches of observe-only events (corrected-ECC Xid 92) as fast as they are accepted
+    (or one batch per stream every `pause_s`), from every node but the `silent` ones."""
+    names = [n for n in tokens if n not in silent]
 
     async def stream(worker: int) -> None:
         conn = await Connection.open(port)
         n = worker
         while time.monotonic() < until:
-            node = sim_node(n)
+            node = names[n % len(names)]
             body = json.dumps(
                 {
                     "events": [
@@ -247,10 +299,12 @@ async def events(port: int, tokens: dict[str, str], until: float, tally: Tally) 
                 tally.ok(t0, json.loads(reply)["accepted"])
             else:
                 tally.fail(f"HTTP {status}")
-            n += EVENT_STREAMS
+            n += streams
+            if pause_s:
+                await asyncio.sleep(max(0.0, t0 + pause_s - time.monotonic()))
         conn.close()
 
-    await asyncio.gather(*(stream(w) for w in range(EVENT_STREAMS)))
+    await asyncio.gather(*(stream(w) for w in range(streams)))
 
 
 async def sustained(port: int, seconds: float, tokens: dict[str, str]) -> dict[str, float]:
@@ -316,10 +370,317 @@ def leaf_burst(url: str, token: str) -> float:
     raise SystemExit("bench: the leaf's nodes were not all drained within 60 s")
 
 
+# --- --nodes N: a leaf switch fails under 1,280 nodes (the in-memory SlurmClient) --------
+
+NODES_PER_LEAF = 16
+STORM_RUNS, STORM_RUN_NODES = 200, 6
+TARGET_MOVE_S = 10.0
+STORM_EVENT_STREAMS, STORM_EVENT_PAUSE_S = 1, 0.1  # 1,000 events/s beside the heartbeats
+AFTER_SILENCE_S = 40.0  # heartbeat_dead_s (20 s), a tick, the moves, and a margin
+
+
+def in_memory_reconciler(state: Path, num_nodes: int) -> None:
+    """The child process of `--nodes`: the real Reconciler against an in-memory Slurm of
+    `num_nodes` nodes, ticking once a second until state/stop appears. It writes
+    state/ready.json once its runs are running and state/ticks.json at the end."""
+    from planner import reliability
+    from service.config import Settings
+    from service.db import session_scope
+    from service.models import RunState
+    from service.reconcile.loop import Reconciler
+    from service.recovery import spares
+    from service.runs import repository
+    from service.runs.schemas import RunSpec
+    from service.runs.service import create_run
+    from service.slurm.fake import FakeSlurm
+    from sim.run_shape import planned_run
+
+    settings = Settings(state_dir=state, job_prefix="storm", run_reconciler=False)
+    slurm = FakeSlurm.cluster(
+        num_switches=num_nodes // NODES_PER_LEAF, nodes_per_switch=NODES_PER_LEAF
+    )
+    reconciler = Reconciler(settings, slurm)
+    reconciler.tick()  # the nodes, from Slurm
+    # The pool the spares policy gives a 10,240-GPU run at Llama 3's failure rate (the
+    # planner's pool for independent failures, plus a leaf switch, capped at 1.5%): 19.
+    shape = planned_run()
+    rel = reliability.assess(shape.model, shape.num_gpus, 8, shape.step_s)
+    pool = spares.pool_target(
+        independent=rel.spare_nodes, nodes_per_leaf=NODES_PER_LEAF, run_nodes=num_nodes
+    )
+    spec = RunSpec.model_validate(
+        {
+            "name": "train",
+            "model": "tiny",
+            "nodes": STORM_RUN_NODES,
+            "gpus_per_node": 8,
+            "seq_len": 128,
+            "global_batch": 8 * 8 * STORM_RUN_NODES,
+            "steps": 100_000,
+            "checkpoint_every": 100,
+            "max_restarts": 3,
+        }
+    )
+    with session_scope() as session:
+        spares.set_target(session, pool)
+        for i in range(STORM_RUNS):
+            create_run(session, spec.model_copy(update={"name": f"train-{i}"}), settings)
+    for _ in range(3):
+        reconciler.tick()
+        slurm.schedule()
+    with session_scope() as session:
+        runs = {r.id: list(r.nodes) for r in repository.runs_in_states(session, [RunState.RUNNING])}
+    (state / "ready.json").write_text(
+        json.dumps(
+            {
+                "runs": runs,
+                "pool": pool,
+                "switch": {n.name: n.switch for n in slurm.nodes.values()},
+            }
+        )
+    )
+    ticks: list[float] = []
+    while not (state / "stop").exists():
+        started = time.monotonic()
+        reconciler.tick()
+        slurm.schedule()  # Slurm starts what was submitted
+        ticks.append(time.monotonic() - started)
+        time.sleep(max(0.0, settings.reconcile_interval_s - ticks[-1]))
+    (state / "ticks.json").write_text(json.dumps(ticks))
+
+
+async def storm_load(
+    port: int, tokens: dict[str, str], leaf: list[str], before_s: float
+) -> tuple[Tally, Tally, float, datetime]:
+    """Heartbeats and events; `before_s` after the first beat the leaf falls silent."""
+    start = time.monotonic()
+    silent_from = start + before_s
+    until = silent_from + AFTER_SILENCE_S
+    beats, batches = Tally(start), Tally(start)
+    silence_wall = datetime.now(UTC).timestamp() + before_s
+    await asyncio.gather(
+        heartbeats(port, tokens, until, beats, silent=set(leaf), silent_from=silent_from),
+        events(
+            port,
+            tokens,
+            until,
+            batches,
+            streams=STORM_EVENT_STREAMS,
+            pause_s=STORM_EVENT_PAUSE_S,
+            silent=set(leaf),
+        ),
+    )
+    return beats, batches, silent_from, datetime.fromtimestamp(silence_wall, UTC)
+
+
+def storm_outcome(
+    url: str, ready: dict[str, Any], leaf: list[str], silence: datetime
+) -> dict[str, Any]:
+    """What the service did, read from Postgres."""
+    leaf_set = set(leaf)
+    affected = {int(r): n for r, n in ready["runs"].items() if leaf_set & set(n)}
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        incidents = conn.execute(
+            "SELECT node_name, signal, detected_at, drained_at, run_id, spare_node "
+            "FROM incidents ORDER BY id"
+        ).fetchall()
+        runs = {
+            r[0]: (r[1], list(r[2]))
+            for r in conn.execute("SELECT id, state::text, nodes FROM runs").fetchall()
+        }
+        attempts = conn.execute(
+            "SELECT DISTINCT ON (run_id) run_id, submitted_at, started_at, state::text, nodes "
+            "FROM attempts ORDER BY run_id, id DESC"
+        ).fetchall()
+        stored_events = conn.execute(
+            "SELECT count(*) FROM node_events WHERE kind = 'xid' AND code = 92"
+        ).fetchone()
+        node_states = dict(conn.execute("SELECT name, state::text FROM nodes").fetchall())
+    newest = {a[0]: a for a in attempts}
+    on_leaf = [i for i in incidents if i[0] in leaf_set]
+    detected = {i[0]: i[2] for i in on_leaf}
+    verdict_at = max(detected.values()) if len(detected) == len(leaf) else None
+    moves: dict[int, dict[str, Any]] = {}
+    for run_id, before in affected.items():
+        state, nodes = runs[run_id]
+        attempt = newest.get(run_id)
+        first_detect = min(detected[n] for n in before if n in detected) if detected else None
+        submitted = attempt[1] if attempt else None
+        moved = (
+            submitted is not None
+            and first_detect is not None
+            and submitted > first_detect
+            and not leaf_set & set(nodes)
+            and len(nodes) == STORM_RUN_NODES
+        )
+        moves[run_id] = {
+            "state": state,
+            "moved": moved,
+            "nodes_on_leaf_before": len(leaf_set & set(before)),
+            "verdict_to_submitted_s": (submitted - first_detect).total_seconds()
+            if moved and submitted and first_detect
+            else None,
+            "verdict_to_running_s": (attempt[2] - first_detect).total_seconds()
+            if moved and attempt and attempt[2] and first_detect
+            else None,
+        }
+    lost_runs = [r for r, (state, _) in runs.items() if state not in ("RUNNING", "PENDING")]
+    bad_nodes = [n for n, st in node_states.items() if st in ("DRAINED", "DRAINING")]
+    return {
+        "leaf": ready["switch"][leaf[0]],
+        "affected_runs": len(affected),
+        "moves": moves,
+        "incidents_on_leaf": len(on_leaf),
+        "incidents_elsewhere": len(incidents) - len(on_leaf),
+        "signals": sorted({i[1] for i in on_leaf}),
+        "silence_to_verdict_s": (verdict_at - silence).total_seconds() if verdict_at else None,
+        "all_drained": all(i[3] is not None for i in on_leaf) and len(on_leaf) == len(leaf),
+        "drained_not_on_leaf": sorted(set(bad_nodes) - leaf_set),
+        "runs_not_active": lost_runs,
+        "stored_events": stored_events[0] if stored_events else 0,
+    }
+
+
+def storm(num_nodes: int, before_s: float) -> None:
+    dev = DevCluster(default_state_dir())
+    port = free_port()
+    url = fresh_database(sim_nodes=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        child_env = {**os.environ, "RUNYARD_DATABASE_URL": url}
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--in-memory-reconciler", str(state), str(num_nodes)],
+            env=child_env,
+            cwd=REPO_ROOT,
+            stderr=open(state / "reconciler.log", "wb"),  # noqa: SIM115
+        )
+        proc = None
+        try:
+            deadline = time.monotonic() + 600
+            while not (state / "ready.json").exists():
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(
+                        "bench: the in-memory reconciler did not start: "
+                        + (state / "reconciler.log").read_text()[-2000:]
+                    )
+                time.sleep(0.5)
+            ready = json.loads((state / "ready.json").read_text())
+            switch = ready["switch"]
+            held = {n for nodes in ready["runs"].values() for n in nodes}
+            # The first leaf whose every node trains a run: the worst case for the pool.
+            leaves: dict[str, list[str]] = {}
+            for node in sorted(switch):
+                leaves.setdefault(switch[node], []).append(node)
+            leaf = next(ns for ns in leaves.values() if set(ns) <= held)
+            print(
+                f"{len(switch)} nodes on {len(leaves)} leaf switches (in-memory Slurm), "
+                f"{len(ready['runs'])} runs of {STORM_RUN_NODES} nodes running, "
+                f"{ready['pool']} spares; {switch[leaf[0]]} ({len(leaf)} nodes) fails "
+                f"{before_s:.0f} s into the load"
+            )
+            tokens = mint_agent_tokens(url, sorted(switch))
+            mint_token_file(url, state / "admin.token", user="bench", team="ops", role=Role.ADMIN)
+            proc = start_service(url, dev, port, state, reconciler=False)
+            beats, batches, _, silence = asyncio.run(storm_load(port, tokens, leaf, before_s))
+            time.sleep(2)  # the reconciler's last tick
+        finally:
+            (state / "stop").touch()
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=15)
+            child.wait(timeout=60)
+        ticks = json.loads((state / "ticks.json").read_text())
+        out = storm_outcome(url, ready, leaf, silence)
+    q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]  # noqa: E731
+    move_s = [m["verdict_to_submitted_s"] for m in out["moves"].values()]
+    run_s = [m["verdict_to_running_s"] for m in out["moves"].values()]
+    failed = sum(beats.failures.values()) + sum(batches.failures.values())
+    for kind, tally in (("heartbeat", beats), ("event batch", batches)):
+        for why, count in tally.failures.items():
+            print(f"bench: {count} {kind} requests failed: {why}", file=sys.stderr)
+    all_moved = bool(move_s) and all(m is not None for m in move_s)
+    worst_move = max((m for m in move_s if m is not None), default=None)
+    worst_running = max((m for m in run_s if m is not None), default=None)
+    figures = {
+        "nodes": len(ready["switch"]),
+        "runs": len(ready["runs"]),
+        "spares": ready["pool"],
+        "heartbeats": len(beats.latencies_s),
+        "heartbeat_p99_s": q(beats.latencies_s, 99),
+        "events_accepted": batches.accepted,
+        "events_stored": out["stored_events"],
+        "failed_requests": failed,
+        "tick_median_s": statistics.median(ticks),
+        "tick_max_s": max(ticks),
+        "silence_to_verdict_s": out["silence_to_verdict_s"],
+        "verdict_to_all_moved_s": worst_move,
+        "verdict_to_all_running_s": worst_running,
+        "affected_runs": out["affected_runs"],
+        "incidents_on_leaf": out["incidents_on_leaf"],
+        "incidents_elsewhere": out["incidents_elsewhere"],
+        "runs_not_active": out["runs_not_active"],
+        "drained_not_on_leaf": out["drained_not_on_leaf"],
+        "load_average_1m": round(os.getloadavg()[0], 2),  # 2 cores, shared: read figures so
+    }
+    print(
+        f"{out['leaf']} silent -> the service's verdict ({', '.join(out['signals'])}): "
+        f"{out['silence_to_verdict_s']:.1f} s (heartbeat_dead_s 20 s and a tick)"
+        if out["silence_to_verdict_s"] is not None
+        else f"{out['leaf']}: not every silent node got an incident"
+    )
+    for run_id, m in sorted(out["moves"].items()):
+        print(
+            f"  run {run_id}: {m['nodes_on_leaf_before']} nodes on the leaf; moved {m['moved']}; "
+            f"verdict -> next attempt submitted {m['verdict_to_submitted_s']} s, "
+            f"running {m['verdict_to_running_s']} s"
+        )
+    for key, value in figures.items():
+        print(f"{key:28s} {value}")
+    met = (
+        all_moved
+        and worst_move is not None
+        and worst_move <= TARGET_MOVE_S
+        and out["all_drained"]
+        and out["incidents_on_leaf"] == NODES_PER_LEAF
+        and out["incidents_elsewhere"] == 0
+        and not out["runs_not_active"]
+        and not out["drained_not_on_leaf"]
+        and failed == 0
+        and out["stored_events"] == batches.accepted
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "control_plane_storm",
+                "figures": figures,
+                "targets": {
+                    "verdict_to_all_moved_s": TARGET_MOVE_S,
+                    "incidents": "one per silent node, none elsewhere",
+                    "lost": "no failed request, every accepted event stored, no run lost",
+                },
+                "target_met": met,
+            },
+            default=str,
+        )
+    )
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--in-memory-reconciler":
+        in_memory_reconciler(Path(sys.argv[2]), int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="a leaf switch fails under this many nodes (in-memory Slurm); --seconds before",
+    )
     args = parser.parse_args()
+    if args.nodes:
+        storm(args.nodes, args.seconds)
+        return
     dev = DevCluster(default_state_dir())
     port = free_port()
     url = fresh_database()
