@@ -89,8 +89,9 @@ def stack_changes(case: dict[str, Any]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if "attention_kernel" in stack:
         changes["attention_kernel"] = KERNELS[stack["attention_kernel"]]
-    if "fused_loss" in stack:
-        changes["fused_loss"] = bool(stack["fused_loss"])
+    for flag in ("fused_loss", "selective_reruns_every_second_matmul"):
+        if flag in stack:
+            changes[flag] = bool(stack[flag])
     return changes
 
 

@@ -43,6 +43,11 @@ class Hardware:
     # for backward; a fused kernel (flash-attn's xentropy, llm-foundry's default) keeps
     # only the BF16 logits and writes their gradient in place (`memory.py`).
     fused_loss: bool = False
+    # What "selective" recompute reruns. Megatron's (Korthikanti et al. 2022) reruns the
+    # cheap elementwise ops only; torchtitan's selective op checkpointing also reruns
+    # every second matmul of a block (its policy saves aten.mm outputs "except every
+    # second mm"; torchtitan parallelize_llama.py, the version behind docs/performance.md).
+    selective_reruns_every_second_matmul: bool = False
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak of the math the linear layers run in."""

@@ -37,6 +37,7 @@ from .memory import stage_params
 from .overheads import layer_kernels, with_launch_costs
 from .transformer import (
     elementwise_bytes_per_token,
+    every_second_matmul,
     fp8_cast_bytes_per_token,
     layer_gemm_shapes,
 )
@@ -163,6 +164,11 @@ def layer_time(
         tp_comm += tp_one_way
     elif recompute == "selective":
         recomputed = tokens / tp * elementwise_bytes_per_token(model, recompute_only=True) / hbm
+        if hardware.selective_reruns_every_second_matmul:
+            recomputed += sum(
+                gemm_s(m, k, n, hardware, precision)
+                for m, k, n in every_second_matmul(model, tokens, tp)
+            )
     backward += recomputed
     kernels = layer_kernels(tp, cp, precision, recompute)
     device = forward + backward

@@ -65,6 +65,18 @@ def layer_gemm_shapes(model: ModelShape, tokens: int, tp: int) -> list[tuple[int
     ]
 
 
+def every_second_matmul(model: ModelShape, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+    """(m, k, n) of the 2nd, 4th and 6th of a layer's separate forward matmuls.
+
+    torchtitan's Llama runs wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or w1, w2 (GELU) as
+    separate matmuls; its selective op checkpointing reruns every second one: wk, wo and
+    w3 (SwiGLU) or w2 (GELU).
+    """
+    h = model.hidden
+    mlp = (tokens, h, model.ffn // tp) if model.mlp == "swiglu" else (tokens, model.ffn // tp, h)
+    return [(tokens, h, kv_dim(model) // tp), (tokens, h // tp, h), mlp]
+
+
 def attention_forward_flops(model: ModelShape, tokens: int, seq_len: int, tp: int) -> float:
     """Forward FLOPs of the attention core (QK^T and PV) for `tokens` local queries.
 

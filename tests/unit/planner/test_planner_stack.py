@@ -10,6 +10,8 @@ from contract import ModelShape
 from planner import hardware as presets
 from planner.attention import kernel_efficiency
 from planner.attention_kernels import FA2_HOPPER, KERNELS, TRITON_2022_HOPPER
+from planner.collectives import Fabric
+from planner.hardware import Network
 from planner.layout import Layout
 from planner.memory import memory_per_gpu
 from planner.plan import PlanError, plan
@@ -83,3 +85,23 @@ def test_a_fused_loss_moves_fewer_bytes_over_the_logits() -> None:
     saved = logits_s(MPT_1B, H100, layout, 8192) - logits_s(MPT_1B, fused, layout, 8192)
     moved = (LOSS_BYTES_PYTORCH - LOSS_BYTES_FUSED) * 8192 * MPT_1B.vocab
     assert saved == pytest.approx(moved / (0.8 * H100.hbm_bytes_per_s))
+
+
+def test_torchtitans_selective_op_checkpointing_reruns_wk_wo_and_w3() -> None:
+    from planner.presets import MODEL_PRESETS
+    from planner.step_time import layer_time
+    from planner.transformer import every_second_matmul
+
+    llama = MODEL_PRESETS["llama3-8b"]  # h 4096, kv 1024, ffn 14336, SwiGLU
+    assert every_second_matmul(llama, 8192, 1) == [
+        (8192, 4096, 1024),  # wk
+        (8192, 4096, 4096),  # wo
+        (8192, 4096, 14336),  # w3
+    ]
+    titan = dataclasses.replace(H100, selective_reruns_every_second_matmul=True)
+    fabric = Fabric.of(H100, Network.IB, 8)
+    args = ("bf16", 1, 1, 8192, 8192, "selective")
+    megatron = layer_time(llama, H100, fabric, *args)
+    torchtitan = layer_time(llama, titan, fabric, *args)
+    assert torchtitan.recompute_s > megatron.recompute_s
+    assert torchtitan.forward_s == megatron.forward_s
