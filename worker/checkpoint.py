@@ -10,10 +10,21 @@ the whole model's parameter name and keeps sharded ones sharded (DTensor), so a 
 written by one layout and world size loads into any other; the trainer's counters; and each
 rank's RNG. Training saves asynchronously (AsyncCheckpointer): it waits only for the copy to
 host memory.
+
+Checksums. Every rank records the SHA-256 and size of each file it wrote in
+`MANIFEST.rank<r>.json`, in the thread that writes them (ChecksummingWriter); rank 0 merges
+them with the `.metadata` file's into `MANIFEST.json` when DCP finishes the save. Before rank 0
+writes the marker it verifies every file against the manifest (again off the training
+thread); a mismatch writes a `CORRUPT` marker instead, and the checkpoint is reported CORRUPT,
+never COMMITTED. A load verifies first too, each rank a share of the files; a mismatch marks
+the folder CORRUPT and raises CheckpointCorruptError, so the service resumes from the
+checkpoint before it. A folder with a CORRUPT marker is never loaded, never the newest, and
+does not count among the kept ones when pruning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -28,6 +39,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -38,14 +52,31 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
+from torch.futures import Future as TorchFuture
 
 from contract import ResumePoint
-from worker.errors import CheckpointNotCommittedError
+from worker.errors import CheckpointNotCommittedError, WorkerError
 from worker.faults import maybe_crash
 from worker.files import folder_size, remove_tree, write_atomic
 
 MARKER = "COMMITTED"
+CORRUPT_MARKER = "CORRUPT"  # overrides MARKER: the files failed their checksums
+MANIFEST = "MANIFEST.json"  # every file of the checkpoint: {"files": {name: {sha256, bytes}}}
+CHECKSUM = "sha256"
+_HASH_CHUNK = 8 << 20  # hashlib releases the GIL for chunks this large
+
+
+class CheckpointCorruptError(WorkerError):
+    """A committed checkpoint's files do not match the checksums recorded when they were
+    written. Retryable: the service marks it CORRUPT and resumes from the one before."""
+
+    def __init__(self, step: int, path: str, detail: str) -> None:
+        super().__init__(f"checkpoint at step {step} is corrupt: {detail}")
+        self.step, self.path, self.detail = step, path, detail
+
+
 _STEP_FOLDER = re.compile(r"^step_(\d{8})$")
 
 
@@ -146,6 +177,93 @@ def training_state(
     }
 
 
+def file_digest(path: Path) -> dict[str, Any]:
+    """The checksum and size of one file, as manifests record them."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {CHECKSUM: digest.hexdigest(), "bytes": size}
+
+
+def rank_manifest(folder: Path, rank: int) -> Path:
+    return folder / f"MANIFEST.rank{rank}.json"
+
+
+class ChecksummingWriter(FileSystemWriter):
+    """DCP's file writer that also records what it wrote: each rank the checksum of each of
+    its files, in the thread that wrote them (the async save's, never the training thread's)
+    and before its write results reach rank 0; rank 0, finishing the save, merges every
+    rank's manifest with the `.metadata` file's into MANIFEST.json. A rank whose manifest
+    is missing fails the save, so a checkpoint without checksums is never committed."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        super().__init__(path)
+        self.folder, self.own_rank = path, rank  # FileSystemWriter has a `rank` of its own
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
+        written = super().write_data(plan, planner)  # FileSystemWriter writes synchronously
+        names = sorted({r.storage_data.relative_path for r in written.wait()})
+        files = {name: file_digest(self.folder / name) for name in names}
+        write_atomic(
+            rank_manifest(self.folder, self.own_rank), json.dumps({"files": files}).encode()
+        )
+        return written
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)  # writes .metadata
+        files: dict[str, Any] = {}
+        # Every rank wrote its manifest before its results reached this rank (write_data).
+        for own in sorted(self.folder.glob("MANIFEST.rank*.json")):
+            files.update(json.loads(own.read_text())["files"])
+        expected = {r.storage_data.relative_path for rank_results in results for r in rank_results}
+        if missing := expected - files.keys():
+            raise RuntimeError(f"no checksum recorded for {sorted(missing)}")
+        files[".metadata"] = file_digest(self.folder / ".metadata")
+        manifest = {"algorithm": CHECKSUM, "files": files}
+        write_atomic(self.folder / MANIFEST, json.dumps(manifest).encode())
+
+
+def verify(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
+    """Check the files of a checkpoint against its MANIFEST.json: None if they match, else
+    what is wrong, for people. `share` (i, n): check only every n-th file from the i-th, so
+    n ranks verify a checkpoint together. A checkpoint written before checksums existed
+    (its marker does not say so) passes unchecked; I/O errors raise (they are not proof of
+    corruption)."""
+    marker = folder / MARKER
+    if marker.is_file() and CHECKSUM not in json.loads(marker.read_text()).get("checksums", ""):
+        return None  # written before checksums: nothing to check against
+    if not (folder / MANIFEST).is_file():
+        return f"{folder / MANIFEST} is missing"
+    files = json.loads((folder / MANIFEST).read_text())["files"]
+    index, num_shares = share
+    for name in sorted(files)[index::num_shares]:
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        expected = files[name]
+        if path.stat().st_size != expected["bytes"]:
+            return f"{path}: {path.stat().st_size} bytes, {expected['bytes']} when written"
+        actual = file_digest(path)[CHECKSUM]
+        if actual != expected[CHECKSUM]:
+            return f"{path}: {CHECKSUM} {actual[:16]}..., {expected[CHECKSUM][:16]}... when written"
+    return None
+
+
+def mark_corrupt(folder: Path, why: str) -> None:
+    """Rank 0: write the CORRUPT marker, so nothing on disk takes the folder for a commit."""
+    write_atomic(folder / CORRUPT_MARKER, json.dumps({"why": why}).encode())
+
+
+def _verify_when_written(written: Future[Any], path: Path, step: int) -> str | None:
+    """Rank 0's commit check, in a thread of its own: once every rank's files are written
+    (rank 0's save completes only after gathering every rank's results), verify them all."""
+    written.result()
+    maybe_crash("before_verify", step, 0, path)
+    return verify(path)
+
+
 @dataclass(frozen=True)
 class SavedCheckpoint:
     step: int
@@ -153,6 +271,9 @@ class SavedCheckpoint:
     num_bytes: int  # size on disk of the whole folder (0 on ranks other than 0)
     write_s: float  # from the call until committed
     blocking_s: float  # how long training waited for it
+    # Rank 0: why the commit's verification failed (the folder is marked CORRUPT, not
+    # committed); None when committed, and always on other ranks.
+    corrupt: str | None = None
 
 
 def _remove_stale(path: Path, rank: int) -> None:
@@ -164,17 +285,23 @@ def _remove_stale(path: Path, rank: int) -> None:
     dist.barrier()  # sync: the stale folder is gone on every rank's view
 
 
-def _commit(path: Path, step: int, rank: int) -> int:
-    """Rank 0 writes the marker; returns the folder's size there (0 elsewhere)."""
+def _commit(path: Path, step: int, rank: int, corrupt: str | None = None) -> int:
+    """Rank 0 writes the marker (CORRUPT instead, if the files failed verification);
+    returns the folder's size there (0 elsewhere)."""
     maybe_crash("before_commit", step, rank)
     if rank != 0:
         return 0
+    if corrupt is not None:
+        mark_corrupt(path, corrupt)
+        return folder_size(path)
     marker = {
         "step": step,
         "world_size": dist.get_world_size(),
         "time": datetime.now(UTC).isoformat(),
+        "checksums": CHECKSUM,  # MANIFEST.json holds them; verify() checks against it
     }
     write_atomic(path / MARKER, json.dumps(marker).encode())
+    maybe_crash("after_commit", step, rank, path)
     return folder_size(path)
 
 
@@ -185,11 +312,17 @@ def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCh
     path = step_folder(checkpoint_dir, step)
     start = time.perf_counter()
     _remove_stale(path, rank)
-    dcp.save(state, checkpoint_id=path)  # collective: each rank writes its part, rank 0 metadata
+    # collective: each rank writes its part and its checksums, rank 0 metadata and manifest
+    dcp.save(state, checkpoint_id=path, storage_writer=ChecksummingWriter(path, rank))
     dist.barrier()  # sync: every rank's files are complete before the commit
-    num_bytes = _commit(path, step, rank)
+    corrupt = None
+    if rank == 0:
+        done: Future[None] = Future()
+        done.set_result(None)
+        corrupt = _verify_when_written(done, path, step)
+    num_bytes = _commit(path, step, rank, corrupt)
     elapsed = time.perf_counter() - start
-    return SavedCheckpoint(step, path, num_bytes, write_s=elapsed, blocking_s=elapsed)
+    return SavedCheckpoint(step, path, num_bytes, elapsed, elapsed, corrupt)
 
 
 class HostCopy(AsyncStager):
@@ -253,6 +386,7 @@ class _InFlight:
     step: int
     path: Path
     future: Future[Any]  # the files written (and, on rank 0, every rank's)
+    verified: Future[str | None] | None  # rank 0: the commit's check of every file
     staged: Future[None] | None  # the copy to host memory; None once waited for
     start: float
     blocking_s: float
@@ -268,6 +402,8 @@ class AsyncCheckpointer:
     of their own, so they never interleave with training's collectives on the default group.
     Rank 0's save completes only after it gathered every rank's results, so once its future
     is done every rank's files are on disk, and rank 0 commits without another collective.
+    Rank 0 verifies every file against its checksum before it commits, in a thread of its
+    own (`verifier`): training never waits for that read either.
     """
 
     def __init__(self, checkpoint_dir: Path, state: dict[str, Stateful]) -> None:
@@ -276,6 +412,7 @@ class AsyncCheckpointer:
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
         self.in_flight: _InFlight | None = None
         self.stager = HostCopy()
+        self.verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runyard-verify")
 
     def save(self, step: int) -> None:
         """Start saving `step`; call wait() first if a save is in flight (two at once would
@@ -286,14 +423,23 @@ class AsyncCheckpointer:
         _remove_stale(path, self.rank)
         start = time.perf_counter()
         response = dcp.async_save(
-            self.state, checkpoint_id=path, process_group=self.group, async_stager=self.stager
+            self.state,
+            checkpoint_id=path,
+            storage_writer=ChecksummingWriter(path, self.rank),
+            process_group=self.group,
+            async_stager=self.stager,
         )
         if not isinstance(response, AsyncSaveResponse):  # what a stager returning a future gets
             raise TypeError(f"dcp.async_save returned {type(response).__name__}")
+        verified = None
+        if self.rank == 0:
+            written = response.upload_completion
+            verified = self.verifier.submit(_verify_when_written, written, path, step)
         self.in_flight = _InFlight(
             step,
             path,
             response.upload_completion,
+            verified,
             response.staging_completion,
             start,
             blocking_s=time.perf_counter() - start,
@@ -314,28 +460,33 @@ class AsyncCheckpointer:
         """Finish the save in flight (uncommitted: call wait() for that) and free the copy."""
         if self.in_flight is not None:
             self.in_flight.future.result()
+        self.verifier.shutdown(wait=True)
         self.stager.close()
 
     def poll(self) -> SavedCheckpoint | None:
         """Commit the save in flight if it completed (no collective: call it at any step)."""
-        if self.in_flight is not None and self.in_flight.future.done():
+        done = self.in_flight
+        if done is not None and done.future.done() and (done.verified or done.future).done():
             return self.wait()
         return None
 
     def wait(self) -> SavedCheckpoint | None:
         """Block until the save in flight completed, and commit it; None if there was none.
-        Raises what the save raised on any rank (a failed write is never committed)."""
+        Raises what the save raised on any rank (a failed write is never committed). On rank
+        0 a save whose files fail their checksums is marked CORRUPT instead (see `corrupt`)."""
         if self.in_flight is None:
             return None
         done, self.in_flight = self.in_flight, None
         done.future.result()
-        num_bytes = _commit(done.path, done.step, self.rank)
+        corrupt = done.verified.result() if done.verified is not None else None
+        num_bytes = _commit(done.path, done.step, self.rank, corrupt)
         write_s = time.perf_counter() - done.start
-        return SavedCheckpoint(done.step, done.path, num_bytes, write_s, done.blocking_s)
+        return SavedCheckpoint(done.step, done.path, num_bytes, write_s, done.blocking_s, corrupt)
 
 
 def is_committed(path: Path) -> bool:
-    return (path / MARKER).is_file()
+    """Committed, and not found corrupt since."""
+    return (path / MARKER).is_file() and not (path / CORRUPT_MARKER).exists()
 
 
 def _step_folders(checkpoint_dir: Path) -> list[tuple[int, Path]]:
@@ -359,10 +510,31 @@ def latest_committed(checkpoint_dir: Path) -> ResumePoint | None:
     return ResumePoint(step=step, path=str(path.resolve()))
 
 
+def verify_for_load(path: Path) -> None:
+    """Every rank checks its share of the files, and all learn what any found: on a
+    mismatch rank 0 marks the folder CORRUPT and every rank raises CheckpointCorruptError
+    (so no rank is left in a collective the others never enter). Every rank must call it."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    problem = verify(path, share=(rank, world_size))
+    found: list[str | None] = [None] * world_size
+    dist.all_gather_object(found, problem)  # sync: every rank's verdict
+    problems = [p for p in found if p]
+    if problems:
+        if rank == 0:
+            mark_corrupt(path, problems[0])
+        dist.barrier()  # sync: the marker is written before any rank exits
+        match = _STEP_FOLDER.match(path.name)
+        raise CheckpointCorruptError(int(match.group(1)) if match else -1, str(path), problems[0])
+
+
 def load(path: Path, state: dict[str, Stateful]) -> None:
-    """Load a committed checkpoint into `state` in place. Every rank must call it."""
+    """Verify a committed checkpoint's checksums, then load it into `state` in place.
+    Every rank must call it. Raises CheckpointCorruptError (and marks it) on a mismatch."""
     if not is_committed(path):
-        raise CheckpointNotCommittedError(f"{path} has no {MARKER} marker: refusing to load it")
+        raise CheckpointNotCommittedError(
+            f"{path} has no {MARKER} marker or is marked {CORRUPT_MARKER}: refusing to load it"
+        )
+    verify_for_load(path)  # collective
     saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     # A rank that did not exist when the checkpoint was written keeps its fresh RNG.
     wanted = {

@@ -56,16 +56,23 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
         except Exception as exc:
             # A peer died or the network failed: say so before exiting, so the run's
             # timeline shows the cause and not only "exit code 1".
-            kind = classify_collective_error(exc)
-            if kind is not None:
-                post_error(
-                    service_url,
-                    attempt_id,
-                    rank=launch.rank,
-                    node=launch.node,
-                    kind=kind,
-                    message=f"{type(exc).__name__}: {exc}",
-                )
+            # Any other exception is reported too, with the step it happened at (or the
+            # checkpoint it failed to load): the same one at the same step after a restart
+            # is deterministic, and the service stops retrying it (recovery/restart.py).
+            kind, step = classify_collective_error(exc), None
+            if kind is None and hasattr(exc, "runyard_load_step"):
+                kind, step = "worker:checkpoint_load", exc.runyard_load_step
+            elif kind is None:
+                kind, step = "worker:exception", getattr(exc, "runyard_step", None)
+            post_error(
+                service_url,
+                attempt_id,
+                rank=launch.rank,
+                node=launch.node,
+                kind=kind,
+                message=f"{type(exc).__name__}: {exc}",
+                step=step,
+            )
             raise
         finally:
             reporter.close()

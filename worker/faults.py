@@ -1,31 +1,120 @@
-"""Fault injection for resume tests: crash a rank at a named point, like a node dying.
+"""Fault injection for recovery tests: crash, fail or corrupt at a named point of a step.
 
-RUNYARD_FAULT="<point>:<step>[:<rank>]" (rank defaults to 0) kills that rank with SIGKILL
-when it reaches <point> at <step>: no cleanup, no exit handler, as with a lost node. Points:
-  after_step     the optimizer step is done (a checkpoint due at it may still be writing:
-                 saves are asynchronous)
-  before_commit  every rank wrote its checkpoint files, the COMMITTED marker is not yet written
-                 (with asynchronous saves, at the step where rank 0 finds the save complete)
-Unset in production; the e2e suite and tests/unit/worker set it.
+RUNYARD_FAULT holds one fault or several separated by commas, each
+    <fault>:<step>[:<rank>[:<attempt>]][@<run name>]
+rank defaults to 0 ("*": every rank), attempt to every attempt, run name to every run. So
+"raise_after_step:30:*" fails every attempt of every run at step 30, and
+"corrupt_after_commit:40:0:1@ck-corrupt" corrupts only run ck-corrupt's first attempt.
+Faults (and the point of the step where each fires):
+  after_step            SIGKILL, like a lost node: no cleanup, no exit handler. The optimizer
+                        step is done (a checkpoint due at it may still be writing: saves
+                        are asynchronous).
+  before_commit         SIGKILL once every rank wrote its checkpoint files, before the
+                        COMMITTED marker (with asynchronous saves, at the step where rank 0
+                        finds the save complete).
+  raise_after_step      raise InjectedFault after the optimizer step: a deterministic bug
+                        (the same exception at the same step on every retry).
+  corrupt_before_commit rank 0 flips one byte of its checkpoint file after the checksums
+                        were recorded, just before the commit verifies them (in the thread
+                        that verifies, once every rank's files are written): the commit
+                        must refuse it.
+  corrupt_after_commit  rank 0 flips one byte of a data file once the COMMITTED marker is
+                        written: only a load can find it.
+Unset in production; the e2e suite, tests/unit/worker and tests/integration set it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 
-POINTS = ("after_step", "before_commit")
+# fault -> the point of the step where it fires
+FAULTS = {
+    "after_step": "after_step",
+    "before_commit": "before_commit",
+    "raise_after_step": "after_step",
+    "corrupt_before_commit": "before_verify",
+    "corrupt_after_commit": "after_commit",
+}
+POINTS = tuple(sorted(set(FAULTS.values())))
 
 
-def maybe_crash(point: str, step: int, rank: int) -> None:
-    """SIGKILL this process if RUNYARD_FAULT names this point, step and rank."""
+class InjectedFault(RuntimeError):
+    """What raise_after_step raises: an ordinary exception, as a bug in training code."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    step: int
+    rank: int | None  # None: every rank
+    attempt: int | None  # None: every attempt
+    run: str | None  # None: every run
+
+    def fires(self, point: str, step: int, rank: int) -> bool:
+        return (
+            FAULTS[self.name] == point
+            and self.step == step
+            and self.rank in (None, rank)
+            and self.attempt in (None, _context["attempt"])
+            and self.run in (None, _context["run"])
+        )
+
+
+_context: dict[str, object] = {"run": None, "attempt": None}
+
+
+def set_context(run: str, attempt: int) -> None:
+    """Which run and attempt this process trains (faults may name either)."""
+    _context.update(run=run, attempt=attempt)
+
+
+def parse(spec: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        body, _, run = item.partition("@")
+        name, step, *rest = body.split(":")
+        if name not in FAULTS:
+            raise ValueError(f"RUNYARD_FAULT fault {name!r} is not one of {tuple(FAULTS)}")
+        rank = None if rest and rest[0] == "*" else int(rest[0]) if rest else 0
+        attempt = int(rest[1]) if len(rest) > 1 else None
+        faults.append(Fault(name, int(step), rank, attempt, run or None))
+    return faults
+
+
+def _firing(point: str, step: int, rank: int) -> list[Fault]:
     spec = os.environ.get("RUNYARD_FAULT")
     if not spec:
-        return
-    fault_point, fault_step, *fault_rank = spec.split(":")
-    if fault_point not in POINTS:
-        raise ValueError(f"RUNYARD_FAULT point {fault_point!r} is not one of {POINTS}")
-    target_rank = int(fault_rank[0]) if fault_rank else 0
-    if (fault_point, int(fault_step), target_rank) == (point, step, rank):
-        print(f"RUNYARD_FAULT: killing rank {rank} at {point} of step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        return []
+    return [fault for fault in parse(spec) if fault.fires(point, step, rank)]
+
+
+def maybe_crash(point: str, step: int, rank: int, folder: Path | None = None) -> None:
+    """Act on every fault RUNYARD_FAULT names for this point, step and rank (and this
+    process's run and attempt). `folder`: the checkpoint being committed, if any."""
+    for fault in _firing(point, step, rank):
+        if fault.name.startswith("corrupt_"):
+            assert folder is not None, f"{fault.name} fires only where a checkpoint is committed"
+            corrupt_one_byte(folder, rank)
+        elif fault.name == "raise_after_step":
+            print(f"RUNYARD_FAULT: raising on rank {rank} at step {step}", flush=True)
+            raise InjectedFault(f"injected failure at step {step}")
+        else:
+            print(f"RUNYARD_FAULT: killing rank {rank} at {point} of step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def corrupt_one_byte(folder: Path, rank: int) -> Path:
+    """Flip the middle byte of this rank's largest data file (any rank's, if it wrote none):
+    the file keeps its size and name, as a bad disk or a torn copy would leave it."""
+    files = sorted(folder.glob(f"__{rank}_*.distcp")) or sorted(folder.glob("__*_*.distcp"))
+    target = max(files, key=lambda p: p.stat().st_size)
+    with open(target, "r+b") as f:
+        f.seek(target.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    print(f"RUNYARD_FAULT: flipped a byte of {target}", flush=True)
+    return target

@@ -85,11 +85,26 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
 
 
 def post_error(
-    service_url: str, attempt_id: int, *, rank: int, node: str, kind: str, message: str
+    service_url: str,
+    attempt_id: int,
+    *,
+    rank: int,
+    node: str,
+    kind: str,
+    message: str,
+    step: int | None = None,
 ) -> None:
-    """Tell the service why this rank is about to exit (any rank; bounded: it is dying)."""
+    """Tell the service why this rank is about to exit (any rank; bounded: it is dying).
+    `step`: the step it failed at, if known (the service compares repeat failures by it)."""
     url = f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}/errors"
-    body = {"rank": rank, "node": node[:64], "kind": kind, "message": message[:4000]}
+    body: dict[str, Any] = {
+        "rank": rank,
+        "node": node[:64],
+        "kind": kind,
+        "message": message[:4000],
+    }
+    if step is not None:
+        body["step"] = step
     retrying = Retrying(
         retry=retry_if_exception(_is_retryable),
         stop=stop_after_delay(ERROR_REPORT_RETRY_S),
@@ -114,11 +129,17 @@ class Reporter:
         """Record one optimizer step (never blocks)."""
 
     def checkpoint(
-        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+        self,
+        step: int,
+        path: str,
+        state: str,
+        num_bytes: int = 0,
+        write_s: float = 0.0,
+        detail: str = "",
     ) -> bool:
-        """Register a checkpoint as WRITING or COMMITTED (blocks, bounded). True once the
-        service has it: only then may older checkpoints be pruned, because the service resumes
-        from the newest commit *it* knows of."""
+        """Register a checkpoint as WRITING or COMMITTED, or report it CORRUPT with `detail`
+        (blocks, bounded). True once the service has it: only then may older checkpoints be
+        pruned, because the service resumes from the newest commit *it* knows of."""
         return True
 
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
@@ -148,7 +169,13 @@ class FileReporter(Reporter):
         )
 
     def checkpoint(
-        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+        self,
+        step: int,
+        path: str,
+        state: str,
+        num_bytes: int = 0,
+        write_s: float = 0.0,
+        detail: str = "",
     ) -> bool:
         self._append(
             "checkpoint", step=step, path=path, state=state, num_bytes=num_bytes, write_s=write_s
@@ -283,15 +310,23 @@ class HttpReporter(Reporter):
         return True
 
     def checkpoint(
-        self, step: int, path: str, state: str, num_bytes: int = 0, write_s: float = 0.0
+        self,
+        step: int,
+        path: str,
+        state: str,
+        num_bytes: int = 0,
+        write_s: float = 0.0,
+        detail: str = "",
     ) -> bool:
-        body = {
+        body: dict[str, Any] = {
             "step": step,
             "path": path,
             "state": state,
             "num_bytes": num_bytes,
             "write_s": write_s,
         }
+        if detail:
+            body["detail"] = detail[:4000]
         # WRITING is informational: a service that is down must not stall training for it.
         # COMMITTED is what resumes rely on: worth waiting for, within a bound.
         stop_after_s = WRITING_RETRY_S if state == "WRITING" else CHECKPOINT_RETRY_S

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import yaml
 
 from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
-from worker import checkpoint
+from worker import checkpoint, faults
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -36,7 +36,6 @@ from worker.distributed import (
 )
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.evaluate import Evaluator
-from worker.faults import maybe_crash
 from worker.parallel import ParallelDims, build_training_model, check_supported
 from worker.reporter import FileReporter, Reporter
 from worker.step import ReportWindow, WindowReport, build_optimizer, next_token_loss, train_step
@@ -106,6 +105,7 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
     problems = check_dataset(config.data, config.model, config.seq_len, config.eval_every)
     if problems:
         raise DoNotRetryError("; ".join(f"{p.field}: {p.message}" for p in problems))
+    faults.set_context(config.name, config.attempt_number)  # faults may name either
     device = pick_device(launch.local_rank)
     init_distributed(launch, device)
     try:
@@ -114,6 +114,7 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         with _event_on_signal(signal.SIGUSR2) as time_limit_near:
             return train_loop(config, reporter, device, time_limit_near)
     except BaseException as exc:
+        _note_failed_step(exc)  # before the frames are cleared
         # The failed frame still holds the model, whose data-parallel state holds groups.
         # Dropped after destroy_process_group(), the group would be destroyed with the GIL
         # held while gloo's worker thread waits for the GIL: a hang instead of an exit
@@ -122,6 +123,17 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         raise
     finally:
         shutdown_distributed()
+
+
+def _note_failed_step(exc: BaseException) -> None:
+    """Set `exc.runyard_step` to the step train_loop was at when `exc` escaped it: entry.py
+    reports it, and the service compares a repeat failure by it (service/recovery/restart.py).
+    Read from the loop's frame, so the loop needs no try block around every step."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is train_loop.__code__ and "step" in tb.tb_frame.f_locals:
+            exc.runyard_step = tb.tb_frame.f_locals["step"]  # type: ignore[attr-defined]
+        tb = tb.tb_next
 
 
 def train_loop(
@@ -158,7 +170,20 @@ def train_loop(
     if config.resume_from is not None:
         _check_resume_point(config.resume_from)
         path = Path(config.resume_from.path)
-        checkpoint.load(path, state)  # collective: each rank reads the parts it needs
+        try:
+            # collective: the ranks verify the checksums, then each reads the parts it needs
+            checkpoint.load(path, state)
+        except checkpoint.CheckpointCorruptError as exc:
+            # The service marks it CORRUPT and resumes the next attempt from the one before.
+            if is_rank0:
+                print(f"refusing to resume: {exc}", flush=True)
+                reporter.checkpoint(exc.step, exc.path, "CORRUPT", detail=exc.detail)
+            raise
+        except Exception as exc:
+            # Any other failure to load: entry.py reports it as such; the service takes a
+            # checkpoint that fails to load twice the same way for corrupt.
+            exc.runyard_load_step = config.resume_from.step  # type: ignore[attr-defined]
+            raise
         if is_rank0:
             print(f"resumed from {path} at step {trainer.step}", flush=True)
             if trainer.step != config.resume_from.step:
@@ -171,10 +196,14 @@ def train_loop(
         nonlocal last_checkpoint_step
         if saved is None:
             return
+        target = str(saved.path.resolve())
+        if saved.corrupt is not None:  # rank 0's check before the commit failed: not committed
+            print(f"checkpoint step {saved.step} failed verification: {saved.corrupt}", flush=True)
+            reporter.checkpoint(saved.step, target, "CORRUPT", detail=saved.corrupt)
+            return
         last_checkpoint_step = saved.step
         if not is_rank0:
             return
-        target = str(saved.path.resolve())
         known = reporter.checkpoint(saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s)
         print(
             f"checkpoint step {saved.step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s "
@@ -257,7 +286,7 @@ def train_loop(
             checkpointer.save(step)
             if last:  # the attempt ends here: its final checkpoint must be committed first
                 committed(checkpointer.wait())
-        maybe_crash("after_step", step, rank)
+        faults.maybe_crash("after_step", step, rank)
         if stop:
             stopped_early = True
             if is_rank0:

@@ -64,6 +64,9 @@ class CheckpointState(StrEnum):
     WRITING = "WRITING"
     COMMITTED = "COMMITTED"  # every rank finished and the marker is on disk: safe to load
     DELETED = "DELETED"  # pruned after newer ones were committed
+    # Its files failed their checksums (at commit or at load): never loaded again, never
+    # the newest, and it does not count among the kept ones (service/checkpoints).
+    CORRUPT = "CORRUPT"
 
 
 def _enum(cls: type[StrEnum], name: str) -> Enum:
@@ -196,6 +199,13 @@ class Checkpoint(Base):
     write_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set when it was found CORRUPT: which file failed and how, when, and by which attempt
+    # (at commit: the attempt that wrote it; at load: the one that tried to resume from it).
+    corrupt_reason: Mapped[str | None] = mapped_column(Text)
+    corrupt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    corrupt_attempt_id: Mapped[int | None] = mapped_column(
+        ForeignKey("attempts.id", ondelete="SET NULL")
+    )
 
 
 class Metric(Base):

@@ -5,8 +5,14 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.models import Attempt, AttemptState, Run, RunState
+from service.checkpoints import service as checkpoints
+from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
+from service.recovery import repeats
+from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
+
+# Causes that may turn out to be a corrupt checkpoint or a repeat of the last failure.
+_SOFTWARE = (StopReason.JOB_FAILED, StopReason.RECOVERY_RESTART)
 
 
 def set_stop_reason(attempt: Attempt, reason: StopReason) -> None:
@@ -31,11 +37,16 @@ def end_attempt_and_restart(
     to PENDING if it may go again.
 
     Hardware failures (a drained node) never use up `max_restarts`: the run did nothing
-    wrong. Everything else does, so a run that keeps failing in its own code stops instead of
-    burning spares forever; a worker that said DO_NOT_RETRY fails the run at once. Returns
-    True if the run will restart.
+    wrong; nor does an attempt whose resume checkpoint failed its checksums (it is marked
+    CORRUPT, and the next attempt resumes from the one before). Everything else does, so a
+    run that keeps failing in its own code stops instead of burning spares forever; a
+    worker that said DO_NOT_RETRY fails the run at once, and so does the same failure at
+    the same step as the attempt before (one retry, not max_restarts). Returns True if the
+    run will restart.
     """
     if not attempt.state.is_terminal:
+        if cause in _SOFTWARE and attempt.replica_group is None:
+            cause, reason = _what_failed(session, run, attempt, cause, reason)
         set_stop_reason(attempt, cause)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if run.state.is_terminal or run.state == RunState.CANCELLING:
@@ -51,6 +62,28 @@ def end_attempt_and_restart(
             attempt,
         )
         return False
+    if cause == StopReason.DETERMINISTIC_FAILURE:
+        set_run_state(
+            session,
+            run,
+            RunState.FAILED,
+            f"{reason}; stopped after one retry instead of max_restarts "
+            f"({software_restarts} of {run.max_restarts} used)",
+            attempt,
+        )
+        return False
+    if cause == StopReason.CHECKPOINT_CORRUPT:
+        checkpoints.attempt_ended(session, run, attempt)
+        newest = repository.newest_committed_checkpoint(session, run.id)
+        since = f"step {newest.step}" if newest else "scratch"
+        set_run_state(
+            session,
+            run,
+            RunState.PENDING,
+            f"{reason}; resuming from {since}: does not count against max_restarts",
+            attempt,
+        )
+        return True
     if not hardware and software_restarts >= run.max_restarts:
         set_run_state(
             session,
@@ -68,3 +101,42 @@ def end_attempt_and_restart(
         budget = f"restart {software_restarts + 1} of {run.max_restarts}"
     set_run_state(session, run, RunState.PENDING, f"{reason}; {budget}", attempt)
     return True
+
+
+def _what_failed(
+    session: Session, run: Run, attempt: Attempt, cause: StopReason, reason: str
+) -> tuple[StopReason, str]:
+    """A software failure, looked at closer: the attempt's resume checkpoint failed its
+    checksums (CHECKPOINT_CORRUPT), or it failed the same way at the same step as the
+    attempt before (DETERMINISTIC_FAILURE). A checkpoint that failed to load the same way
+    twice is taken for corrupt, unless the same error already condemned another one: then
+    the code cannot load checkpoints, and walking back through them all would not help."""
+    corrupt = checkpoints.found_corrupt_at_load(session, attempt)
+    if corrupt is not None:
+        return (
+            StopReason.CHECKPOINT_CORRUPT,
+            f"{reason}: its resume checkpoint (step {corrupt.step}) failed its checksums",
+        )
+    repeat = repeats.repeated(session, attempt)
+    if repeat is None:
+        return cause, reason
+    if repeat.loads:
+        why = f"failed to load twice: {repeat.text[:1000]}"
+        target = repository.get_checkpoint(session, run.id, repeat.step)
+        condemned = [
+            c
+            for c in repository.checkpoints(session, run.id)
+            if c.state == CheckpointState.CORRUPT and c.corrupt_reason == why
+        ]
+        if target is not None and target.state == CheckpointState.COMMITTED and not condemned:
+            checkpoints.mark_corrupt(session, run, attempt, repeat.step, target.path, why)
+            return (
+                StopReason.CHECKPOINT_CORRUPT,
+                f"{reason}: the checkpoint at step {repeat.step} failed to load twice "
+                "the same way; marked CORRUPT",
+            )
+    before = attempt.number - 1
+    return (
+        StopReason.DETERMINISTIC_FAILURE,
+        f"{reason}: deterministic failure, the same as attempt {before}: {repeat.describe()}",
+    )

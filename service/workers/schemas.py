@@ -51,9 +51,13 @@ class ProgressAck(BaseModel):
 class CheckpointReport(_In):
     step: int = Field(ge=0)
     path: str = Field(min_length=1, max_length=4096)
-    state: Literal["WRITING", "COMMITTED"]
+    state: Literal["WRITING", "COMMITTED", "CORRUPT"] = Field(
+        description="CORRUPT: its files failed their checksums, at the commit or at a load "
+        "(`detail` says which file and how); it is never loaded again."
+    )
     num_bytes: int | None = Field(default=None, ge=0)
     write_s: float | None = Field(default=None, ge=0)
+    detail: str = Field(default="", max_length=4000)
 
 
 class FinishReport(_In):
@@ -70,6 +74,13 @@ class ErrorReport(_In):
         pattern=r"^(nccl|worker):[a-z_]+$",
         max_length=48,
         description="nccl:watchdog_timeout, nccl:remote_error, nccl:system_error, "
-        "nccl:internal_error, nccl:connection_reset",
+        "nccl:internal_error, nccl:connection_reset; worker:do_not_retry, worker:exception "
+        "(any other exception), worker:checkpoint_load (the resume checkpoint failed to load)",
     )
     message: str = Field(default="", max_length=4000)
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The step the rank failed at (worker:exception), or the checkpoint it "
+        "failed to load (worker:checkpoint_load); the service compares repeat failures by it.",
+    )

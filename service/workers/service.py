@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from service.checkpoints.service import mark_corrupt
 from service.errors import Conflict, NotFound
 from service.models import (
     Attempt,
@@ -105,6 +106,8 @@ def _summarise_progress(attempt: Attempt, step: int, at: datetime) -> None:
 
 def record_checkpoint(session: Session, attempt_id: int, report: CheckpointReport) -> Checkpoint:
     attempt, run = live_attempt_and_run(session, attempt_id)
+    if report.state == "CORRUPT":
+        return mark_corrupt(session, run, attempt, report.step, report.path, report.detail)
     checkpoint = repository.get_checkpoint(session, run.id, report.step)
     if checkpoint is None:
         checkpoint = Checkpoint(

@@ -1,0 +1,1 @@
+"""Checkpoints the service can trust: CORRUPT ones and what follows from them."""
