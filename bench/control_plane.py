@@ -620,7 +620,7 @@ def storm(num_nodes: int, before_s: float) -> None:
         "incidents_elsewhere": out["incidents_elsewhere"],
         "runs_not_active": out["runs_not_active"],
         "drained_not_on_leaf": out["drained_not_on_leaf"],
-        "load_average_1m": round(os.getloadavg()[0], 2),  # 2 cores, shared: read figures so
+        "load_average_1m": round(os.getloadavg()[0], 2),  # 2 cores shared by all: context
     }
     print(
         f"{out['leaf']} silent -> the service's verdict ({', '.join(out['signals'])}): "
