@@ -21,12 +21,14 @@ log = logging.getLogger(__name__)
 ADVISORY_LOCK_KEY = 0x72756E79  # "runy": only one reconciler acts on a database at a time
 
 # A bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low 32 bits) and
-# objsubid 1. Advisory locks are per database, so two runyard databases never contend.
+# objsubid 1. Advisory locks are per database, so two runyard databases never contend. The key
+# is cast to bigint first: psycopg sends a small int as int4, whose ">> 32" shifts by nothing.
 _HELD = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
     " AND pid = pg_backend_pid() AND database = (SELECT oid FROM pg_database"
-    " WHERE datname = current_database())"
-    " AND classid = (:k >> 32)::oid AND objid = (:k & 4294967295)::oid AND objsubid = 1"
+    " WHERE datname = current_database()) AND objsubid = 1"
+    " AND classid = (CAST(:k AS bigint) >> 32)::oid"
+    " AND objid = (CAST(:k AS bigint) & 4294967295)::oid"
 )
 
 

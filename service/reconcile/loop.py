@@ -117,6 +117,7 @@ def run_forever(
             lead(settings, stop, reconciler, lock)
             if not stop.is_set():
                 log.warning("reconciler lost the leader lock; stopped acting, asking for it again")
+                stop.wait(settings.reconcile_interval_s)
     finally:
         lock.release()
 

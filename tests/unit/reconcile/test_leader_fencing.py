@@ -19,9 +19,9 @@ from service.reconcile.loop import Reconciler, run_forever
 from tests.conftest import wait_for
 from tests.unit.reconcile.conftest import Cluster
 
-# A key of this test's own: a service process of the integration tests may hold the real one
-# in the same database while the unit tests run.
-TEST_KEY = 0x6665_6E63_0000_0000 + os.getpid()
+# A key of this test's own (a service process of the integration tests may hold the real one
+# in the same database), as small as the real one: psycopg sends it as int4, not int8.
+TEST_KEY = 0x6665_0000 + os.getpid() % 0xFFFF
 
 
 class CountingReconciler(Reconciler):
@@ -60,7 +60,7 @@ def lock_backend(engine: Engine, granted: bool) -> int | None:
         pid = conn.execute(
             text(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = :g"
-                " AND classid = (:k >> 32)::oid AND objid = (:k & 4294967295)::oid"
+                " AND objid = CAST(:k AS bigint)::oid AND classid = 0"
             ),
             {"k": TEST_KEY, "g": granted},
         ).scalar()
