@@ -89,7 +89,7 @@ def stack_changes(case: dict[str, Any]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if "attention_kernel" in stack:
         changes["attention_kernel"] = KERNELS[stack["attention_kernel"]]
-    for flag in ("fused_loss", "selective_reruns_every_second_matmul"):
+    for flag in ("fused_loss", "selective_reruns_every_second_matmul", "cp_eager_fp32_merge"):
         if flag in stack:
             changes[flag] = bool(stack[flag])
     return changes

@@ -48,6 +48,15 @@ ATTENTION_BACKWARD_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs 2 forwar
 # Merging one ring step's partial output: read it (BF16) and the running FP32 sum, write
 # the sum back, per element of the local output (TE's flash_attn_fwd_out_correction).
 CP_MERGE_BYTES_PER_ELEMENT = 2 + 4 + 4
+# PyTorch's context parallel (torch.distributed.tensor.experimental._attention, with its
+# default convert_to_f32) does the same bookkeeping in eager FP32 ops, per ring step and
+# per element of the local output, K and V being as wide as the output once torchtitan's
+# repeat_kv has expanded them: forward, concatenating K and V to pass on (read + write
+# 2 x 2 B = 8), the block output cast to FP32 (2 + 4), the three-op sigmoid merge
+# (12 + 8 + 12) and the partial-chunk torch.cat (~4 on average): ~50 B; backward, K and V
+# concatenated again (8), dK and dV accumulated in FP32 (2 x 10), their partial update
+# (16) and concatenation to pass on (16), dQ accumulated (10): ~70 B.
+CP_EAGER_FP32_BYTES_PER_ELEMENT = (50, 70)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,7 @@ class AttentionTime:
     backward_s: float
     cp_exposed_s: float  # ring transfers not hidden behind the attention they feed
     cp_merge_s: float  # merging partial outputs, forward and backward together
+    cp_merge_forward_s: float = 0.0  # its forward part, which full recompute runs again
 
 
 def _saturation(keys: float, half: float) -> float:
@@ -131,6 +141,11 @@ def attention_time(
     step_forward, step_backward = forward / cp, backward / cp
     exposed = (cp - 1) * (max(0.0, hop - step_forward) + max(0.0, 2 * hop - step_backward))
     output_elements = tokens * model.hidden / tp
-    merge_bytes = 2 * cp * output_elements * CP_MERGE_BYTES_PER_ELEMENT  # fwd and bwd
-    merge = merge_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
-    return AttentionTime(forward, backward, exposed, merge)
+    if hardware.cp_eager_fp32_merge:
+        forward_bytes, backward_bytes = CP_EAGER_FP32_BYTES_PER_ELEMENT
+    else:
+        forward_bytes = backward_bytes = CP_MERGE_BYTES_PER_ELEMENT
+    hbm = HBM_EFFICIENCY * hardware.hbm_bytes_per_s
+    merge_forward = cp * output_elements * forward_bytes / hbm
+    merge = merge_forward + cp * output_elements * backward_bytes / hbm
+    return AttentionTime(forward, backward, exposed, merge, merge_forward)

@@ -48,6 +48,9 @@ class Hardware:
     # every second matmul of a block (its policy saves aten.mm outputs "except every
     # second mm"; torchtitan parallelize_llama.py, the version behind docs/performance.md).
     selective_reruns_every_second_matmul: bool = False
+    # Context parallel's merges: Transformer Engine's fused kernels, or PyTorch's own
+    # context parallel in eager FP32 ops (`attention.py`).
+    cp_eager_fp32_merge: bool = False
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak of the math the linear layers run in."""

@@ -175,6 +175,8 @@ def layer_time(
     forward = with_launch_costs(forward, kernels.forward)
     backward = with_launch_costs(backward, kernels.backward)
     cp_comm = attention.cp_exposed_s + attention.cp_merge_s
+    if recompute == "full":  # the recomputed forward merges its ring steps again
+        cp_comm += attention.cp_merge_forward_s
     return LayerTime(
         forward,
         backward,

@@ -105,3 +105,20 @@ def test_torchtitans_selective_op_checkpointing_reruns_wk_wo_and_w3() -> None:
     torchtitan = layer_time(llama, titan, fabric, *args)
     assert torchtitan.recompute_s > megatron.recompute_s
     assert torchtitan.forward_s == megatron.forward_s
+
+
+def test_pytorch_context_parallel_merges_in_fp32_cost_more_and_rerun_under_full_recompute() -> None:
+    from planner.attention import attention_time
+    from planner.presets import MODEL_PRESETS
+    from planner.step_time import layer_time
+
+    llama = MODEL_PRESETS["llama3-8b"]
+    fabric = Fabric.of(H100, Network.IB, 8)
+    eager = dataclasses.replace(H100, cp_eager_fp32_merge=True)
+    fused_merge = attention_time(llama, H100, fabric, 1, 4, 32768, 131072)
+    eager_merge = attention_time(llama, eager, fabric, 1, 4, 32768, 131072)
+    assert eager_merge.cp_merge_s == pytest.approx(fused_merge.cp_merge_s * (50 + 70) / 20)
+    args = ("fp8", 1, 4, 32768, 131072)
+    none = layer_time(llama, eager, fabric, *args, "none")
+    full = layer_time(llama, eager, fabric, *args, "full")
+    assert full.cp_comm_s - none.cp_comm_s == pytest.approx(eager_merge.cp_merge_forward_s)
