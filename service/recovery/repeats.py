@@ -12,7 +12,7 @@ have no signature: they are bad luck, retried within max_restarts.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,10 +30,11 @@ class Signature:
     kind: str  # EXCEPTION or CHECKPOINT_LOAD
     step: int  # the step it failed at, or the checkpoint's step it failed to load
     text: str  # the exception's text, numbers blanked
+    message: str = field(compare=False, default="")  # as the rank reported it
 
     def describe(self) -> str:
         where = f"loading the checkpoint at step {self.step}" if self.loads else f"step {self.step}"
-        return f"{self.text[:300]} at {where}"
+        return f"{(self.message or self.text)[:300]} (at {where})"
 
     @property
     def loads(self) -> bool:
@@ -49,7 +50,9 @@ def signature(session: Session, attempt: Attempt) -> Signature | None:
         )
     ).all()
     found = [
-        Signature(r["kind"], r["step"], _NUMBERS.sub("#", r.get("message", "")))
+        Signature(
+            r["kind"], r["step"], _NUMBERS.sub("#", r.get("message", "")), r.get("message", "")
+        )
         for r in reports
         if r.get("kind") in (EXCEPTION, CHECKPOINT_LOAD) and r.get("step") is not None
     ]
