@@ -184,7 +184,7 @@ def main() -> None:
     cases = load_cases()
     rows = [evaluate(case) for case in cases]
     held_out = leave_one_out(cases) if args.leave_one_out else {}
-    print(f"{'case':34} {'edge':12} {'predicted':>10} {'reported':>9} {'error':>8}", end="")
+    print(f"{'case':40} {'edge':12} {'predicted':>10} {'reported':>9} {'error':>8}", end="")
     print(f" {'LOO':>8}  planner chose" if held_out else "  planner chose")
     for row in rows:
         predicted = row["predicted_tokens_per_s_per_gpu"]
@@ -194,7 +194,7 @@ def main() -> None:
         mark = "" if row["scored"] else "  [not scored]"
         shown = f"{predicted:.1f}" if predicted is not None else "-"
         print(
-            f"{row['id']:34} {row['edge']:12} {shown:>10} "
+            f"{row['id']:40} {row['edge']:12} {shown:>10} "
             f"{row['reported_tokens_per_s_per_gpu']:>9.1f} {error:>8}{loo_text}  "
             f"{row.get('chosen', row.get('error', ''))}{mark}"
         )
