@@ -25,6 +25,7 @@ participating rank 0, one writer at a time).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+from torchft.process_group import ProcessGroupWrapper
 
 from contract import ReplicaGroupConfig, WorkerRunConfig, group_layout
 from worker import checkpoint
@@ -73,16 +75,37 @@ def train_replica_group(
         shutdown_distributed()
 
 
-def _manager(ft: ReplicaGroupConfig, config: WorkerRunConfig, launch: LaunchEnv) -> Manager:
-    """torchft's manager for this rank: the group's rank 0 runs the group's manager server
-    and talks to the lighthouse; every rank joins the cross-group process group of its peers
-    (the ranks with the same group rank in the other groups)."""
+def _cross_group_pg(ft: ReplicaGroupConfig) -> ProcessGroupWrapper:
+    """The reconfigurable process group joining this rank to its peers in the other groups
+    (the ranks with the same group rank); torchft builds a new one for every new quorum."""
     timeout = timedelta(seconds=ft.timeout_s)
-    pg = (
+    return (
         ProcessGroupNCCL(timeout=timeout)
         if torch.cuda.is_available()
         else ProcessGroupGloo(timeout=timeout)
     )
+
+
+def drop_cross_group_links(pg: ProcessGroupWrapper) -> None:
+    """After a failed step: close this rank's links to the other groups now, not at the next
+    quorum. A ring collective only tells the dead group's two neighbours at once (their
+    sockets reset); every other survivor waits in its receive until the collective timeout
+    (10 s: the whole stall of a failure). Closing the links here resets theirs, and theirs the
+    next ones', so every survivor learns within a fraction of a second and asks the
+    lighthouse for the next quorum. gloo's abort() alone keeps the sockets open; they close
+    when the last reference to the context goes (the collectives' handles went with
+    _sum_across_groups' frame), hence the collect. The next quorum has a new id (the lighthouse bumps it on a commit failure), so torchft configures a fresh
+    group before the next collective."""
+    pg.abort()
+    gc.collect()
+
+
+def _manager(
+    ft: ReplicaGroupConfig, config: WorkerRunConfig, launch: LaunchEnv, pg: ProcessGroupWrapper
+) -> Manager:
+    """torchft's manager for this rank: the group's rank 0 runs the group's manager server
+    and talks to the lighthouse; every rank joins the cross-group process group `pg`."""
+    timeout = timedelta(seconds=ft.timeout_s)
     return Manager(
         pg=pg,
         load_state_dict=None,
@@ -133,6 +156,17 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def _sum_across_groups(manager: Manager, grads: list[torch.Tensor], loss_sum: torch.Tensor) -> None:
+    """Sum the gradients and the loss over the groups in the quorum, in place. A failure is
+    recorded by the manager (should_commit then says no), never raised. The collectives'
+    handles live and die in this frame: a handle keeps the group's sockets open, and
+    drop_cross_group_links needs them closed."""
+    works = [manager.allreduce(_local(g), reduce_op=dist.ReduceOp.SUM) for g in grads]
+    works.append(manager.allreduce(loss_sum, reduce_op=dist.ReduceOp.SUM))
+    for work in works:
+        work.wait()
+
+
 def replica_loop(
     config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter, device: torch.device
 ) -> TrainResult:
@@ -159,7 +193,8 @@ def replica_loop(
     trainer = checkpoint.TrainerState()
     state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
     checkpointer = checkpoint.AsyncCheckpointer(config.checkpoint_path, state)
-    manager = _manager(ft, config, launch)
+    cross_group = _cross_group_pg(ft)
+    manager = _manager(ft, config, launch, cross_group)
     # Healing sends exactly what a checkpoint holds, from a live peer instead of the disk.
     manager.register_state_dict_fn(
         "train",
@@ -216,14 +251,7 @@ def replica_loop(
             )
             # sync (groups): gradients summed over the groups in the quorum; a dead peer
             # makes the reduction fail, which should_commit below turns into a retry.
-            works = [
-                manager.allreduce(_local(p.grad), reduce_op=dist.ReduceOp.SUM)
-                for p in params
-                if p.grad is not None
-            ]
-            loss_work = manager.allreduce(loss_sum, reduce_op=dist.ReduceOp.SUM)
-            for work in [*works, loss_work]:
-                work.wait()
+            _sum_across_groups(manager, [p.grad for p in params if p.grad is not None], loss_sum)
             for p in params:
                 if p.grad is not None:
                     _local(p.grad).div_(ft.groups)  # the mean over every share's rows
@@ -237,6 +265,7 @@ def replica_loop(
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
             if not ok:
+                drop_cross_group_links(cross_group)
                 continue
             trainer.step = trainer.data_step = step
             trainer.consumed_tokens += tokens_per_step
