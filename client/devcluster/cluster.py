@@ -29,6 +29,16 @@ DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/runyard"
 
 Progress = Callable[[str], None]
 
+# What one node of the dev cluster costs this machine, measured on the 2-core, 24 GiB dev
+# box (2026-12-03): an idle slurmd 9.3 MiB resident with 1,280 of them up
+# (bench/devcluster_scale.py), an idle health agent 26 MiB (its PSS) and 0.3% of a core
+# (7 s of CPU in 35 minutes). Up to 64 nodes always start (as before); above, `up` checks
+# the machine: the agents may take half its cores, everything else keeps 4 GiB.
+SLURMD_MIB, AGENT_MIB, AGENT_CORE_SHARE = 9.3, 26.0, 0.003
+ALWAYS_ALLOWED_NODES = 64
+HEADROOM_MIB = 4096
+AGENTS_MAX_CORES_SHARE = 0.5
+
 
 class DevClusterError(RuntimeError):
     """The dev cluster could not be brought up; the message says what to do."""
@@ -170,6 +180,37 @@ def _ensure_munge(table: dict[str, Started], cluster: DevCluster) -> None:
     _wait("munged", lambda: Path("/run/munge/munge.socket.2").exists(), 10)
 
 
+def node_limit(mem_available_mib: float, cores: int) -> int:
+    """The most nodes (one slurmd and one agent each) this machine holds: by memory, and
+    by the agents' CPU. 2 cores, 21 GiB available: min(501, 333) = 333."""
+    by_memory = (mem_available_mib - HEADROOM_MIB) / (SLURMD_MIB + AGENT_MIB)
+    by_cpu = AGENTS_MAX_CORES_SHARE * cores / AGENT_CORE_SHARE
+    return max(ALWAYS_ALLOWED_NODES, int(min(by_memory, by_cpu)))
+
+
+def _mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _check_machine(shape: ClusterShape, running: int) -> None:
+    """Refuse a cluster this machine cannot hold (the nodes already up count as held)."""
+    if shape.num_nodes <= ALWAYS_ALLOWED_NODES:
+        return
+    limit = node_limit(
+        _mem_available_mib() + running * (SLURMD_MIB + AGENT_MIB), os.cpu_count() or 1
+    )
+    if shape.num_nodes > limit:
+        raise DevClusterError(
+            f"--nodes {shape.num_nodes}: this machine holds about {limit} dev nodes (each a "
+            f"slurmd of ~{SLURMD_MIB:.0f} MiB and an agent of ~{AGENT_MIB:.0f} MiB and "
+            f"{AGENT_CORE_SHARE:.1%} of a core); bench/devcluster_scale.py runs up to 1,280 "
+            "slurmd without agents, bench/control_plane.py --nodes 1280 simulates the agents"
+        )
+
+
 def _nodes_ready(cluster: DevCluster, names: list[str]) -> bool:
     out = _run(["sinfo", "-h", "-N", "-o", "%N %T"], env=cluster.slurm_env())
     if out.returncode != 0:
@@ -198,6 +239,8 @@ def up(
             f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
             f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
         )
+    running = sum(1 for n, p in table.items() if n.startswith("slurmd:") and is_alive(p))
+    _check_machine(shape, running)
     with_accounting = accounting.available()
     changed = _write_configs(cluster, shape, with_accounting)
     _ensure_munge(table, cluster)

@@ -15,6 +15,9 @@ DBD_PORT = 16819  # slurmdbd, when the dev cluster has accounting (Slurm's defau
 MARIADB_PORT = 16306  # the dev cluster's own MariaDB for slurmdbd (MariaDB's default 3306)
 SLURMD_PORT = 6818  # Slurm's default, where each node is a host of its own
 PARTITION = "train"
+# The product's largest cluster (1,280 nodes of 8 GPUs). What one machine holds is less:
+# `runyard dev up` checks the memory the daemons and agents need (cluster.py).
+MAX_NODES = 1280
 
 
 def node_name(index: int) -> str:
@@ -47,8 +50,8 @@ class ClusterShape:
     memory_mb_per_node: int = 16000
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_nodes <= 64:
-            raise ValueError(f"--nodes must be between 1 and 64, got {self.num_nodes}")
+        if not 1 <= self.num_nodes <= MAX_NODES:
+            raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {self.num_nodes}")
         if not 1 <= self.leaf_size <= self.num_nodes:
             raise ValueError(
                 f"--leaf-size must be between 1 and --nodes ({self.num_nodes}), "
@@ -83,19 +86,28 @@ class Network:
     node_addr: str | None
     port_range: str | int  # slurmd ports: one per node on one box, or Slurm's 6818 for all
     slurmd_timeout_s: int
+    controller_port: int = CONTROLLER_PORT
 
 
-def one_box(shape: ClusterShape) -> Network:
-    """The dev cluster: every slurmd on this machine, told apart by port."""
-    last_port = FIRST_SLURMD_PORT + shape.num_nodes - 1
+def one_box(
+    shape: ClusterShape,
+    *,
+    cluster_name: str = "runyard-dev",
+    first_slurmd_port: int = FIRST_SLURMD_PORT,
+    controller_port: int = CONTROLLER_PORT,
+) -> Network:
+    """The dev cluster: every slurmd on this machine, told apart by port. Another name and
+    other ports give a second cluster beside it (bench/devcluster_scale.py)."""
+    last_port = first_slurmd_port + shape.num_nodes - 1
     return Network(
-        cluster_name="runyard-dev",
+        cluster_name=cluster_name,
         controller_host=socket.gethostname().split(".")[0],
         controller_addr="127.0.0.1",
         node_hostname="localhost",
         node_addr="127.0.0.1",
-        port_range=f"{FIRST_SLURMD_PORT}-{last_port}" if shape.num_nodes > 1 else last_port,
+        port_range=f"{first_slurmd_port}-{last_port}" if shape.num_nodes > 1 else last_port,
         slurmd_timeout_s=10,
+        controller_port=controller_port,
     )
 
 
@@ -137,7 +149,7 @@ def render(
         cluster_name=net.cluster_name,
         controller_host=net.controller_host,
         controller_addr=net.controller_addr,
-        controller_port=CONTROLLER_PORT,
+        controller_port=net.controller_port,
         slurm_user="root",
         munge_socket=munge_socket,
         state_dir=str(state_dir),
