@@ -201,6 +201,7 @@ class Tally:
         self.measured_from = measured_from
         self.latencies_s: list[float] = []
         self.warmup_latencies_s: list[float] = []
+        self.started_s: list[float] = []  # when each measured request was due
         self.accepted = 0
         self.failures: dict[str, int] = {}
 
@@ -209,7 +210,12 @@ class Tally:
             self.warmup_latencies_s.append(time.monotonic() - started)
         else:
             self.latencies_s.append(time.monotonic() - started)
+            self.started_s.append(started)
             self.accepted += accepted
+
+    def p99_between(self, t0: float, t1: float) -> float | None:
+        xs = [x for s, x in zip(self.started_s, self.latencies_s, strict=True) if t0 <= s < t1]
+        return statistics.quantiles(xs, n=100)[98] if len(xs) >= 100 else None
 
     def fail(self, why: str) -> None:
         self.failures[why] = self.failures.get(why, 0) + 1
@@ -451,7 +457,7 @@ def in_memory_reconciler(state: Path, num_nodes: int) -> None:
 
 async def storm_load(
     port: int, tokens: dict[str, str], leaf: list[str], before_s: float
-) -> tuple[Tally, Tally, float, datetime]:
+) -> tuple[Tally, Tally, dict[str, float | None], datetime]:
     """Heartbeats and events; `before_s` after the first beat the leaf falls silent."""
     start = time.monotonic()
     silent_from = start + before_s
@@ -470,7 +476,13 @@ async def storm_load(
             silent=set(leaf),
         ),
     )
-    return beats, batches, silent_from, datetime.fromtimestamp(silence_wall, UTC)
+    windows = {
+        "first_period": beats.p99_between(start, start + HEARTBEAT_PERIOD_S),
+        "before_silence": beats.p99_between(start + HEARTBEAT_PERIOD_S, silent_from),
+        "silence_to_verdict": beats.p99_between(silent_from, silent_from + 20),
+        "after_verdict": beats.p99_between(silent_from + 20, until),
+    }
+    return beats, batches, windows, datetime.fromtimestamp(silence_wall, UTC)
 
 
 def storm_outcome(
@@ -495,7 +507,9 @@ def storm_outcome(
         stored_events = conn.execute(
             "SELECT count(*) FROM node_events WHERE kind = 'xid' AND code = 92"
         ).fetchone()
-        node_states = dict(conn.execute("SELECT name, state::text FROM nodes").fetchall())
+        node_states: dict[str, str] = dict(
+            conn.execute("SELECT name, state::text FROM nodes").fetchall()
+        )
     newest = {a[0]: a for a in attempts}
     on_leaf = [i for i in incidents if i[0] in leaf_set]
     detected = {i[0]: i[2] for i in on_leaf}
@@ -581,7 +595,7 @@ def storm(num_nodes: int, before_s: float) -> None:
             tokens = mint_agent_tokens(url, sorted(switch))
             mint_token_file(url, state / "admin.token", user="bench", team="ops", role=Role.ADMIN)
             proc = start_service(url, dev, port, state, reconciler=False)
-            beats, batches, _, silence = asyncio.run(storm_load(port, tokens, leaf, before_s))
+            beats, batches, windows, silence = asyncio.run(storm_load(port, tokens, leaf, before_s))
             time.sleep(2)  # the reconciler's last tick
         finally:
             (state / "stop").touch()
@@ -607,6 +621,7 @@ def storm(num_nodes: int, before_s: float) -> None:
         "spares": ready["pool"],
         "heartbeats": len(beats.latencies_s),
         "heartbeat_p99_s": q(beats.latencies_s, 99),
+        "heartbeat_p99_by_window_s": windows,
         "events_accepted": batches.accepted,
         "events_stored": out["stored_events"],
         "failed_requests": failed,
