@@ -12,6 +12,7 @@ the outcome in another, re-reading rows under lock because they may have moved m
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -76,21 +77,34 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
                 attempt = new_attempt(session, run, settings)
             if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
                 todo.append(attempt_request(run, attempt))
+    submit_attempts(slurm, snapshot, todo, settings.slurm_job_prefix, _submission_failed)
+
+
+def submit_attempts(
+    slurm: SlurmClient,
+    snapshot: ClusterSnapshot,
+    todo: list[AttemptRequest],
+    job_prefix: str,
+    on_refused: Callable[[AttemptRequest, str], None],
+    reservation_nodes: Callable[[AttemptRequest], list[str]] | None = None,
+) -> None:
+    """sbatch each SUBMITTING attempt once and record its job id (PENDING). A service that
+    died between recording SUBMITTING and storing the job id may already have submitted:
+    such a job is found by its unique name and adopted instead of submitted twice.
+    `on_refused` decides what an sbatch refusal means for the run; `reservation_nodes`,
+    which nodes the attempt's reservation must hold (default: the attempt's own)."""
     if not todo:
         return
-    # A service that died between recording SUBMITTING and storing the job id may already
-    # have submitted: find such jobs by their unique name instead of submitting twice.
     try:
-        orphans = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
+        orphans = slurm.jobs_by_name(f"{job_prefix}-")
     except SlurmError as exc:
         log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
         return  # submitting blind could queue an attempt twice
     for req in todo:
         try:
             if req.reservation:
-                ensure_reservation(
-                    slurm, req.reservation, req.nodelist.split(","), snapshot.reservations
-                )
+                nodes = reservation_nodes(req) if reservation_nodes else req.nodelist.split(",")
+                ensure_reservation(slurm, req.reservation, nodes, snapshot.reservations)
             job_id = orphans.get(req.job_name)
             if job_id is None:
                 # Minted only for a fresh submission: an adopted job already runs on the
@@ -98,7 +112,7 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
                 write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
                 job_id = slurm.submit(req)
         except SlurmError as exc:
-            _submission_failed(req, str(exc))
+            on_refused(req, str(exc))
             continue
         with session_scope() as session:
             locked = repository.lock_run_and_attempt(session, req.attempt_id)

@@ -43,17 +43,16 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
-from service.recovery import timeline
 from service.recovery.paths import RecoveryPath, choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.recovery.spares import spare_nodes
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.service import run_folder
-from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.client import SlurmClient
 from service.slurm.placement import choose_replacement
 from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import AttemptRequest, job_name, write_token_file
+from service.slurm.submit import AttemptRequest, job_name
 
 log = logging.getLogger(__name__)
 LIVE = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
@@ -125,7 +124,7 @@ def submit_group_attempts(
 ) -> None:
     """Every group of a placed replica-group run has a live attempt, and every SUBMITTING
     one is sbatched once (a job found by its unique name after a crash is adopted)."""
-    from service.reconcile.submission import NICE_BY_PRIORITY, attempt_request, mint_worker_token
+    from service.reconcile.submission import NICE_BY_PRIORITY, attempt_request, submit_attempts
 
     todo: list[AttemptRequest] = []
     with session_scope() as session:
@@ -171,39 +170,22 @@ def submit_group_attempts(
                             nice=NICE_BY_PRIORITY.get(run.priority, 0),
                         )
                     )
-    if not todo:
-        return
-    try:
-        orphans = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
-    except SlurmError as exc:
-        log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
-        return
-    from service.slurm.reservations import ensure_reservation
+    submit_attempts(
+        slurm,
+        snapshot,
+        todo,
+        settings.slurm_job_prefix,
+        on_refused=lambda req, why: log.warning(
+            "group attempt %s: sbatch failed, retrying: %s", req.attempt_id, why
+        ),
+        reservation_nodes=_run_nodes,  # the run's reservation spans every group's nodes
+    )
 
-    for req in todo:
-        try:
-            if req.reservation:
-                with session_scope() as session:
-                    owner = repository.get_run(session, req.run_id)
-                    nodes = list(owner.nodes) if owner else req.nodelist.split(",")
-                ensure_reservation(slurm, req.reservation, nodes, snapshot.reservations)
-            job_id = orphans.get(req.job_name)
-            if job_id is None:
-                write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
-                job_id = slurm.submit(req)
-        except SlurmError as exc:
-            log.warning("group attempt %s: sbatch failed, retrying: %s", req.attempt_id, exc)
-            continue
-        with session_scope() as session:
-            locked = repository.lock_run_and_attempt(session, req.attempt_id)
-            if locked is None or locked[1].state != AttemptState.SUBMITTING:
-                continue
-            run, attempt = locked
-            attempt.slurm_job_id, attempt.submitted_at = job_id, utcnow()
-            set_attempt_state(
-                session, run, attempt, AttemptState.PENDING, f"Slurm job {job_id} on {req.nodelist}"
-            )
-            timeline.attempt_submitted(session, run.id)
+
+def _run_nodes(req: AttemptRequest) -> list[str]:
+    with session_scope() as session:
+        owner = repository.get_run(session, req.run_id)
+        return list(owner.nodes) if owner else req.nodelist.split(",")
 
 
 def _group_ready(session: Session, run: Run, group: int) -> bool:
