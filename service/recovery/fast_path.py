@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from contract import StopReason
+from planner import reliability
 from service.config import Settings
 from service.db import session_scope
 from service.models import (
@@ -43,9 +44,9 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
+from service.recovery import spares
 from service.recovery.paths import RecoveryPath, choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
-from service.recovery.spares import spare_nodes
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.service import run_folder
@@ -79,6 +80,40 @@ def live_group_attempts(run: Run) -> dict[int, Attempt]:
     return {
         a.replica_group: a for a in run.attempts if a.state in LIVE and a.replica_group is not None
     }
+
+
+def _lost(session: Session, name: str) -> bool:
+    """A node its group cannot train on: not healthy, or failed with its recovery not yet
+    run (a leaf switch's nodes report together, their incidents are handled one by one)."""
+    node = nodes_repo.get_node(session, name)
+    if node is None or node.state not in (NodeState.HEALTHY, NodeState.SUSPECT):
+        return True
+    pending = select(Incident.id).where(
+        Incident.node_name == name,
+        Incident.state == IncidentState.OPEN,
+        Incident.attempt_ended_at.is_(None),
+    )
+    return session.scalar(pending.limit(1)) is not None
+
+
+def spares_granted(session: Session, run: Run, group: int, failed: str | None = None) -> bool:
+    """Whether the spare policy lets `group` take spares now (spares.spares_to_grant, the
+    function the failure simulation calls): whole groups only, and a group that lost several
+    nodes at once (a leaf switch) only if the pool keeps the reserve for the independent
+    failures expected before its nodes are back; until then it waits while the others
+    train. `failed` is a node being drained in this transaction. A group lacking no node
+    needs no grant."""
+    missing = {
+        g: sum(1 for name in group_nodes(run, g) if name == failed or _lost(session, name))
+        for g in range(replica_groups(run))
+    }
+    if not missing.get(group):
+        return True
+    gpus = run.num_nodes * run.gpus_per_node
+    reserve = spares.reserve_for(reliability.DEFAULT_FAILURES_PER_GPU_HOUR * gpus)
+    available = len(spares.spare_nodes(session))
+    lacking = {g: n for g, n in missing.items() if n}
+    return group in spares.spares_to_grant(lacking, available, reserve, others_train=True)
 
 
 def new_group_attempt(
@@ -155,7 +190,7 @@ def submit_group_attempts(
                     a.replica_group for a in run.attempts if a.state == AttemptState.SUCCEEDED
                 }
                 for group in sorted(set(range(replica_groups(run))) - set(live) - finished):
-                    if _group_ready(session, run, group):
+                    if spares_granted(session, run, group) and _group_ready(session, run, group):
                         live[group] = new_group_attempt(
                             session, run, settings, group, from_disk=False
                         )
@@ -192,8 +227,7 @@ def _group_ready(session: Session, run: Run, group: int) -> bool:
     """Whether a group's nodes can take its job; a failed one is swapped for a spare now
     if the pool has one (the run waited for it)."""
     for name in group_nodes(run, group):
-        node = nodes_repo.get_node(session, name)
-        if node is not None and node.state in (NodeState.HEALTHY, NodeState.SUSPECT):
+        if not _lost(session, name):
             continue
         incident = session.scalars(
             select(Incident)
@@ -217,11 +251,11 @@ def _take_spare(session: Session, run: Run, incident: Incident, bad: str) -> str
     """Swap `bad` for a spare in the run's node list (same leaf switch first)."""
     remaining = [n for n in run.nodes if n != bad]
     nodes = [n for n in (nodes_repo.get_node(session, x) for x in remaining) if n]
-    spares = spare_nodes(session, for_update=True)
-    pick = choose_replacement([(s.name, s.switch) for s in spares], {n.switch for n in nodes})
+    pool = spares.spare_nodes(session, for_update=True)
+    pick = choose_replacement([(s.name, s.switch) for s in pool], {n.switch for n in nodes})
     if pick is None:
         return None
-    spare = next(s for s in spares if s.name == pick)
+    spare = next(s for s in pool if s.name == pick)
     set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
     node_event(session, spare, "spare.assigned", f"replaces {bad} in run {run.id}")
     run.nodes = [pick if n == bad else n for n in run.nodes]
@@ -263,7 +297,8 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
             jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
         run.num_hardware_restarts += 1
         run.num_restarts += 1
-        spare = _take_spare(session, run, incident, bad)
+        granted = spares_granted(session, run, failed, bad)
+        spare = _take_spare(session, run, incident, bad) if granted else None
         record_event(
             session,
             run,
@@ -273,7 +308,8 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
             + f"; groups {sorted(healthy)} keep training",
             data={"incident": incident.id, "failed": bad, "spare": spare, "group": failed},
         )
-        if spare is not None:
+        # The group's other lost nodes (a leaf switch) take theirs in the same pass.
+        if spare is not None and _group_ready(session, run, failed):
             from service.config import get_settings
 
             new_group_attempt(session, run, get_settings(), failed, from_disk=False)

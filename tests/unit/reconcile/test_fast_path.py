@@ -12,7 +12,7 @@ from contract import StopReason
 from service.db import session_scope
 from service.models import Attempt, AttemptState, IncidentState, RunState
 from service.reconcile.loop import Reconciler
-from service.recovery import lighthouse
+from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
 from service.runs.service import run_goodput
@@ -186,3 +186,39 @@ def test_a_group_that_trained_the_last_step_is_not_replaced_and_the_last_to_leav
     cluster.slurm.finish(groups[0].slurm_job_id)
     cluster.tick()
     assert cluster.run(run_id).state == RunState.SUCCEEDED
+
+
+@pytest.mark.parametrize("reserve", [0, 1])
+def test_a_group_that_lost_every_node_takes_spares_only_if_the_reserve_stays(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, reserve: int
+) -> None:
+    """The service hands out spares by the policy the failure simulation calls
+    (spares.spares_to_grant): a group that lost several nodes at once (a leaf switch) takes
+    them only if the pool keeps the reserve for independent failures; else it waits while
+    the other group trains. The reserve is 0 at this run's size; 1 stands for a big run."""
+    monkeypatch.setattr(spares, "reserve_for", lambda rate, *a, **k: reserve)
+    cluster.set_spares(2)
+    run_id = cluster.submit_run("ft", nodes=4, fault_tolerance={"replica_groups": 2})
+    cluster.cycle()
+    groups = live_groups(cluster, run_id)
+    for g, attempt in groups.items():
+        report(attempt.id, 20, checkpoint=g == 0)
+    lost = groups[1].nodes
+    assert len(lost) == 2
+
+    for node in lost:
+        cluster.xid(node)
+    cluster.tick(2)
+
+    run = cluster.run(run_id)
+    assert run.state == RunState.RUNNING  # group 0 trains on either way
+    assert cluster.slurm.jobs[groups[0].slurm_job_id].state == "RUNNING"
+    replacement = live_groups(cluster, run_id).get(1)
+    if reserve:
+        assert replacement is None  # both spares would empty the pool: the group waits
+        assert all(i.state == IncidentState.WAITING for n in lost for i in cluster.incidents(n))
+        with session_scope() as session:
+            assert len(spares.spare_nodes(session)) == 2
+    else:
+        assert replacement is not None and not set(replacement.nodes) & set(lost)
+        assert len(replacement.nodes) == 2 and replacement.resume_step is None
