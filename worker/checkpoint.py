@@ -484,9 +484,19 @@ class AsyncCheckpointer:
         return SavedCheckpoint(done.step, done.path, num_bytes, write_s, done.blocking_s, corrupt)
 
 
+def _step_of(path: Path) -> int:
+    match = _STEP_FOLDER.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
 def is_committed(path: Path) -> bool:
     """Committed, and not found corrupt since."""
-    return (path / MARKER).is_file() and not (path / CORRUPT_MARKER).exists()
+    return (path / MARKER).is_file() and not is_corrupt(path)
+
+
+def is_corrupt(path: Path) -> bool:
+    """Its files failed their checksums, at the commit or at a load."""
+    return (path / CORRUPT_MARKER).exists()
 
 
 def _step_folders(checkpoint_dir: Path) -> list[tuple[int, Path]]:
@@ -523,13 +533,18 @@ def verify_for_load(path: Path) -> None:
         if rank == 0:
             mark_corrupt(path, problems[0])
         dist.barrier()  # sync: the marker is written before any rank exits
-        match = _STEP_FOLDER.match(path.name)
-        raise CheckpointCorruptError(int(match.group(1)) if match else -1, str(path), problems[0])
+        raise CheckpointCorruptError(_step_of(path), str(path), problems[0])
 
 
 def load(path: Path, state: dict[str, Stateful]) -> None:
     """Verify a committed checkpoint's checksums, then load it into `state` in place.
-    Every rank must call it. Raises CheckpointCorruptError (and marks it) on a mismatch."""
+    Every rank must call it. Raises CheckpointCorruptError (and marks it) on a mismatch,
+    or if it was marked before (the service may not have heard: it hears it now)."""
+    if is_corrupt(path):
+        why = json.loads((path / CORRUPT_MARKER).read_text()).get("why", "")
+        raise CheckpointCorruptError(
+            _step_of(path), str(path), f"marked {CORRUPT_MARKER} before: {why}"
+        )
     if not is_committed(path):
         raise CheckpointNotCommittedError(
             f"{path} has no {MARKER} marker or is marked {CORRUPT_MARKER}: refusing to load it"

@@ -70,7 +70,10 @@ def _check_resume_point(resume: ResumePoint) -> None:
     """All ranks agree on the resume point and that it can be loaded, so none is left
     waiting in a collective that the others never enter."""
     path = Path(resume.path)
-    status = 0 if checkpoint.is_committed(path) else (1 if path.parent.is_dir() else 2)
+    # A folder marked CORRUPT passes here: load() refuses it on every rank, and rank 0
+    # reports it, so the service resumes from the one before instead of failing the run.
+    loadable = checkpoint.is_committed(path) or checkpoint.is_corrupt(path)
+    status = 0 if loadable else (1 if path.parent.is_dir() else 2)
     verdict = torch.tensor([status, resume.step, -resume.step])
     dist.all_reduce(verdict, op=dist.ReduceOp.MAX)  # sync: the worst rank's view wins
     worst, highest_step, lowest_step = verdict[0].item(), verdict[1].item(), -verdict[2].item()

@@ -14,7 +14,6 @@ from worker_helpers import TINY_MODEL
 from contract import ModelShape
 from worker import checkpoint, faults
 from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
-from worker.errors import CheckpointNotCommittedError
 from worker.model import build_model
 
 
@@ -63,7 +62,7 @@ def test_a_flipped_byte_fails_the_load_marks_the_folder_and_nothing_takes_it_aga
     assert not checkpoint.is_committed(newest.path)
     latest = checkpoint.latest_committed(tmp_path)
     assert latest is not None and latest.step == 5  # the one before is the newest now
-    with pytest.raises(CheckpointNotCommittedError, match="CORRUPT"):
+    with pytest.raises(checkpoint.CheckpointCorruptError, match="marked CORRUPT before"):
         checkpoint.load(newest.path, tiny_state())  # never loaded again
     # Pruning keeps the previous good one: the corrupt folder does not count as kept.
     assert checkpoint.prune(tmp_path, keep=1) == []
