@@ -27,6 +27,9 @@ Context parallel (Megatron-LM / Transformer Engine ring attention with the load-
 layer, each over about seq / cp keys; K and V travel round the ring forward, K, V, dK and
 dV backward, hidden behind the attention they feed when the link keeps up; after every
 step the partial output is merged into an FP32 accumulator with its log-sum-exp.
+PyTorch's own context parallel (what torchtitan runs) moves K and V by one all-gather
+instead, hidden only behind the first call, and passes FP32 dK and dV round the ring
+backward (`_pytorch_cp_exposed`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class AttentionTime:
     cp_exposed_s: float  # ring transfers not hidden behind the attention they feed
     cp_merge_s: float  # merging partial outputs, forward and backward together
     cp_merge_forward_s: float = 0.0  # its forward part, which full recompute runs again
+    cp_exposed_forward_s: float = 0.0  # the forward's exposed transfers, rerun likewise
 
 
 def _saturation(keys: float, half: float) -> float:
@@ -140,12 +144,54 @@ def attention_time(
     hop = fabric.p2p_s(kv_chunk, ring_stride)
     step_forward, step_backward = forward / cp, backward / cp
     exposed = (cp - 1) * (max(0.0, hop - step_forward) + max(0.0, 2 * hop - step_backward))
+    exposed_forward = 0.0
     output_elements = tokens * model.hidden / tp
     if hardware.cp_eager_fp32_merge:
         forward_bytes, backward_bytes = CP_EAGER_FP32_BYTES_PER_ELEMENT
+        exposed_forward, exposed = _pytorch_cp_exposed(
+            fabric,
+            cp,
+            tp,
+            output_elements,
+            share / (fwd_eff * peak),
+            (
+                ATTENTION_BACKWARD_RATIO * share / (bwd_eff * peak),
+                ATTENTION_BACKWARD_RATIO * share / (off_bwd * peak),
+            ),
+        )
     else:
         forward_bytes = backward_bytes = CP_MERGE_BYTES_PER_ELEMENT
     hbm = HBM_EFFICIENCY * hardware.hbm_bytes_per_s
     merge_forward = cp * output_elements * forward_bytes / hbm
     merge = merge_forward + cp * output_elements * backward_bytes / hbm
-    return AttentionTime(forward, backward, exposed, merge, merge_forward)
+    return AttentionTime(forward, backward, exposed, merge, merge_forward, exposed_forward)
+
+
+def _pytorch_cp_exposed(
+    fabric: Fabric,
+    cp: int,
+    tp: int,
+    output_elements: float,
+    causal_forward: float,
+    backward_calls: tuple[float, float],
+) -> tuple[float, float]:
+    """(forward, forward + backward) ring transfers PyTorch's context parallel leaves exposed.
+
+    From torch/distributed/tensor/experimental/_attention.py (_templated_ring_attention and
+    its backward, default rotate_method ALL_GATHER): the forward all-gathers every rank's
+    K and V once, issued before the first (causal) call and waited before the second, so
+    only that call hides it; the backward does the same, then passes the FP32 dK and dV
+    accumulators round the ring after every call (an all-to-all permute, each hidden by
+    the next call), the last one waited at once after the loop. K and V are as wide as
+    the output (torchtitan's repeat_kv runs before SDPA): 2 x 2 B per output element for
+    K and V, 2 x 4 B for dK and dV. `causal_forward` is the first call's time forward,
+    `backward_calls` (causal, one off-diagonal) call times backward.
+    """
+    causal_bwd, off_bwd = backward_calls
+    kv = 2 * 2.0 * output_elements
+    gather = fabric.collective_s(cp * kv, cp, tp, passes=1)
+    ring_stride = tp if cp * tp <= fabric.gpus_per_node else fabric.gpus_per_node
+    dkv_hop = fabric.p2p_s(2 * 4.0 * output_elements, ring_stride)
+    forward = max(0.0, gather - causal_forward)
+    backward = max(0.0, gather - causal_bwd) + (cp - 1) * max(0.0, dkv_hop - off_bwd) + dkv_hop
+    return forward, forward + backward

@@ -276,6 +276,8 @@ def _result(
             write_s=rel.checkpoint_write_s,
             interval_s=rel.checkpoint_interval_s,
             interval_steps=rel.checkpoint_interval_steps,
+            fast_interval_s=rel.fast_checkpoint_interval_s,
+            fast_interval_steps=rel.fast_checkpoint_interval_steps,
         ),
         goodput=rel.goodput,
         goodput_fast=rel.goodput_fast,

@@ -87,6 +87,18 @@ class Reliability:
     replica_groups: int = 0
     classic_lost_s: float = 0.0  # whole-run seconds lost per interruption, classic path
     fast_lost_s: float | None = None  # the same on the fast path
+    # The fast path's checkpoint interval (None where `goodput_fast` is): disk checkpoints
+    # serve only the failures it hands to the classic path, so Daly's interval for their
+    # rate, capped at DURABLE_CHECKPOINT_MAX_S; whole steps, like the classic one.
+    fast_checkpoint_interval_s: float | None = None
+    fast_checkpoint_interval_steps: int | None = None
+
+    def interval_s_for(self, fast_path: bool) -> float:
+        """Training time between checkpoints of a run that recovers on the fast path (when
+        the layout allows it) or on the classic one."""
+        if fast_path and self.fast_checkpoint_interval_s is not None:
+            return self.fast_checkpoint_interval_s
+        return self.checkpoint_interval_s
 
 
 def checkpoint_bytes(model: ModelShape) -> float:
@@ -163,7 +175,9 @@ def assess(
     step_s: float,
     assumptions: ReliabilityAssumptions | None = None,
 ) -> Reliability:
-    """MTBI, checkpoint size/time/interval, goodput and spare nodes for a planned run."""
+    """MTBI, checkpoint size and write time, the checkpoint interval and goodput on each
+    recovery path (classic; fast, with `assumptions.replica_groups` groups, where the nodes
+    split into them), and spare nodes for a planned run."""
     a = assumptions or ReliabilityAssumptions()
     num_nodes = max(1, -(-num_gpus // gpus_per_node))
     mtbi_s = 3600 / (a.failures_per_gpu_hour * num_gpus)
@@ -178,6 +192,8 @@ def assess(
     cycle = interval + write_s
     classic_lost = a.restart_s + write_s + cycle / 2
     goodput_fast, fast_lost = None, None
+    steps_fast: int | None = None
+    interval_fast: float | None = None
     groups = a.replica_groups
     if groups >= 2 and num_nodes % groups == 0 and cycle > 0:
         # A replacement heals from a peer: each of its nodes receives the group's share of
@@ -190,7 +206,8 @@ def assess(
         classic_share = min(1.0, out_s / mtbi_s) if groups == 2 else 0.0
         classic_mtbi_s = mtbi_s / classic_share if classic_share else math.inf
         ideal_fast = min(DURABLE_CHECKPOINT_MAX_S, checkpoint_interval_s(write_s, classic_mtbi_s))
-        interval_fast = max(1, round(ideal_fast / step_s)) * step_s if step_s > 0 else interval
+        steps_fast = max(1, round(ideal_fast / step_s)) if step_s > 0 else steps
+        interval_fast = steps_fast * step_s if step_s > 0 else interval
         cycle_fast = interval_fast + write_s
         fast_lost = fast_path_lost_s(
             groups,
@@ -216,4 +233,6 @@ def assess(
         replica_groups=groups if goodput_fast is not None else 0,
         classic_lost_s=classic_lost,
         fast_lost_s=fast_lost,
+        fast_checkpoint_interval_s=interval_fast,
+        fast_checkpoint_interval_steps=steps_fast,
     )

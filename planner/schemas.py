@@ -61,6 +61,12 @@ class CheckpointPlan(_Out):
     write_s: float
     interval_s: float = Field(description="Training time between checkpoints (Young/Daly).")
     interval_steps: int
+    fast_interval_s: float | None = Field(
+        default=None,
+        description="The same on the fast recovery path, where disk checkpoints serve only "
+        "its classic fallbacks (Daly's for their rate, at most an hour); None without it.",
+    )
+    fast_interval_steps: int | None = None
 
 
 class Alternative(_Out):

@@ -176,7 +176,7 @@ def layer_time(
     backward = with_launch_costs(backward, kernels.backward)
     cp_comm = attention.cp_exposed_s + attention.cp_merge_s
     if recompute == "full":  # the recomputed forward merges its ring steps again
-        cp_comm += attention.cp_merge_forward_s
+        cp_comm += attention.cp_merge_forward_s + attention.cp_exposed_forward_s
     return LayerTime(
         forward,
         backward,

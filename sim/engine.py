@@ -51,8 +51,9 @@ class SimConfig:
     # it, as the reconciler still acts today: the planner's pool for independent failures
     # only, a spare for each failed node as it comes.
     leaf_aware: bool = True
-    # Seconds of training between checkpoints; None: the planner's (`checkpoint_interval_s`,
-    # Daly's interval for the classic path: the only one planner.reliability returns).
+    # Seconds of training between checkpoints; None: the planner's for the path the run
+    # recovers on (`Reliability.interval_s_for`): the fast path's (Daly's for its classic
+    # fallbacks, capped at an hour) when fast_path, else the classic one (Daly's).
     interval_s: float | None = None
 
 
@@ -96,15 +97,19 @@ class Simulation:
         self.settings = settings or Settings()
         self.policy = Policy(self.settings)
         self.rng = random.Random(config.seed)
+        # The planner is asked about this run's own replica groups (its fast path's unit).
         assumptions = reliability.ReliabilityAssumptions(
-            failures_per_gpu_hour=reliability.DEFAULT_FAILURES_PER_GPU_HOUR * config.scale
+            failures_per_gpu_hour=reliability.DEFAULT_FAILURES_PER_GPU_HOUR * config.scale,
+            replica_groups=self.run.replica_groups,
         )
         self.assumptions = assumptions
         rel = self.policy.reliability(
             self.run.model, self.run.num_gpus, self.run.step_s, assumptions
         )
         self.interval_s = (
-            rel.checkpoint_interval_s if config.interval_s is None else config.interval_s
+            self.policy.checkpoint_interval_s(rel, fast_path=config.fast_path)
+            if config.interval_s is None
+            else config.interval_s
         )
         self.write_s = rel.checkpoint_write_s
         pool = rel.spare_nodes

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from contract import ModelShape
 from planner import reliability
+from planner.reliability import Reliability
 from service.config import Settings
 from service.models import NodeState, RecoveryAction
 from service.reconcile import placement as run_placement
@@ -100,8 +101,14 @@ class Policy:
         step_s: float,
         assumptions: reliability.ReliabilityAssumptions,
     ) -> reliability.Reliability:
-        """The checkpoint interval and the spare pool size, as the planner gives every run."""
+        """The checkpoint intervals and the spare pool size, as the planner gives every run."""
         return reliability.assess(model, num_gpus, 8, step_s, assumptions)
+
+    @staticmethod
+    def checkpoint_interval_s(rel: Reliability, *, fast_path: bool) -> float:
+        """The planner's interval for the path the run recovers on: on the fast path disk
+        checkpoints serve only its classic fallbacks (capped at an hour), else Daly's."""
+        return rel.interval_s_for(fast_path)
 
 
 def heartbeat_detect_s(settings: Settings) -> float:

@@ -195,11 +195,19 @@ def print_plan(result: dict[str, Any]) -> None:
     )
     lost = result.get("lost_s_per_interruption") or {}
     if result.get("goodput_fast") is not None:
+        fast_steps = ckpt.get("fast_interval_steps")
+        fast_every = (
+            f"checkpoint every {fast_steps} steps ({ckpt['fast_interval_s'] / 60:.1f} min)"
+            if fast_steps is not None
+            else "checkpoint interval unknown (an older service)"
+        )
         console.print(
             f"recovery: classic path (restart from disk) goodput {result['goodput']:.1%}, "
-            f"{lost.get('classic', 0) / 60:.1f} min lost per failure; fast path "
+            f"{lost.get('classic', 0) / 60:.1f} min lost per failure, checkpoint every "
+            f"{ckpt['interval_steps']} steps ({ckpt['interval_s'] / 60:.1f} min); fast path "
             f"({result['fast_replica_groups']} replica groups) goodput "
-            f"{result['goodput_fast']:.1%}, {lost.get('fast', 0):.0f} s lost per failure",
+            f"{result['goodput_fast']:.1%}, {lost.get('fast', 0):.0f} s lost per failure, "
+            f"{fast_every}",
             highlight=False,
         )
     print_table(

@@ -15,6 +15,7 @@ from service.recovery import classification, paths, spares
 from service.slurm import placement as slurm_placement
 from sim.engine import SimConfig, SimResult, Simulation, simulate
 from sim.ledger import Use
+from sim.run_shape import planned_run
 
 DAYS = 4.0
 
@@ -58,6 +59,27 @@ def test_the_checkpoint_interval_is_the_planners(monkeypatch: pytest.MonkeyPatch
     after = simulate(config)
     assert after.checkpoint_interval_s > 3 * before.checkpoint_interval_s
     assert after.badput["recompute"] > before.badput["recompute"]  # more work lost per restore
+
+
+def test_a_fast_path_run_checkpoints_at_the_planners_fast_path_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = planned_run()
+    assumptions = reliability.ReliabilityAssumptions(replica_groups=run.replica_groups)
+    rel = reliability.assess(run.model, run.num_gpus, 8, run.step_s, assumptions)
+    assert rel.fast_checkpoint_interval_s is not None
+    config = SimConfig(days=DAYS, seed=3)
+    fast = simulate(config)
+    classic = simulate(dataclasses.replace(config, fast_path=False))
+    assert fast.checkpoint_interval_s == rel.fast_checkpoint_interval_s
+    assert classic.checkpoint_interval_s == rel.checkpoint_interval_s
+    assert fast.checkpoint_interval_s > 3 * classic.checkpoint_interval_s
+    # The fast path's cap is the planner's: halve it and the simulated run stalls for
+    # checkpoints twice as often.
+    monkeypatch.setattr(reliability, "DURABLE_CHECKPOINT_MAX_S", 1800.0)
+    capped = simulate(config)
+    assert capped.checkpoint_interval_s == pytest.approx(1800.0, abs=run.step_s)
+    assert capped.badput["checkpoint"] > 1.5 * fast.badput["checkpoint"]
 
 
 def test_the_spare_pool_size_is_the_planners(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +139,10 @@ def test_the_recovery_path_is_the_services(monkeypatch: pytest.MonkeyPatch) -> N
         lambda **kw: (paths.RecoveryPath.CLASSIC, paths.ClassicBecause.NO_REPLICAS),
     )
     forced = simulate(config)
-    classic_only = simulate(dataclasses.replace(config, fast_path=False))
+    # The same run on the classic path alone, checkpointing as often as the fast path's run.
+    classic_only = simulate(
+        dataclasses.replace(config, fast_path=False, interval_s=fast.checkpoint_interval_s)
+    )
     assert forced.recoveries["fast"] == 0
     assert forced.goodput == classic_only.goodput < fast.goodput
 

@@ -82,3 +82,18 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], code: int, w
     got, out = run(*args)
     assert got == code, out
     assert out.startswith("error:") and words in " ".join(out.split())
+
+
+def test_the_checkpoint_interval_is_shown_for_each_recovery_path() -> None:
+    code, out = run("--model", "llama3-8b", "--json")
+    assert code == 0, out
+    ckpt = json.loads(out)["checkpoint"]
+    # 8 nodes fail once a month: Daly's classic interval is hours, the fast path's is
+    # capped at an hour (its durable copy's age).
+    assert ckpt["interval_steps"] > ckpt["fast_interval_steps"] > 0
+    assert ckpt["fast_interval_s"] <= 3600
+    code, out = run("--model", "llama3-8b")
+    assert code == 0, out
+    text = " ".join(out.split())  # rich wraps long lines
+    assert f"checkpoint every {ckpt['interval_steps']} steps" in text
+    assert f"checkpoint every {ckpt['fast_interval_steps']} steps" in text

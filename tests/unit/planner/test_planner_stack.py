@@ -122,3 +122,31 @@ def test_pytorch_context_parallel_merges_in_fp32_cost_more_and_rerun_under_full_
     none = layer_time(llama, eager, fabric, *args, "none")
     full = layer_time(llama, eager, fabric, *args, "full")
     assert full.cp_comm_s - none.cp_comm_s == pytest.approx(eager_merge.cp_merge_forward_s)
+
+
+def test_pytorch_context_parallel_hides_its_kv_all_gather_behind_the_first_call_only() -> None:
+    from planner.attention import attention_time
+    from planner.presets import MODEL_PRESETS
+    from planner.step_time import layer_time
+
+    llama = MODEL_PRESETS["llama3-8b"]
+    eager = dataclasses.replace(H100, cp_eager_fp32_merge=True)
+    tokens, seq = 32768, 131072
+    # In one node the all-gather hides behind the causal call: only the last dK/dV pass
+    # (FP32, as wide as the output), waited right after the loop, is exposed.
+    nvlink = Fabric.of(H100, Network.IB, 8)
+    inside = attention_time(llama, eager, nvlink, 1, 4, tokens, seq)
+    assert inside.cp_exposed_forward_s == 0.0
+    assert inside.cp_exposed_s == pytest.approx(nvlink.p2p_s(8.0 * tokens * llama.hidden, 1))
+    # One GPU per node: the ring crosses NICs, the all-gather of four ranks' K and V
+    # outlasts the causal call, forward and backward, and full recompute pays it again.
+    nics = Fabric.of(H100, Network.IB, 1)
+    across = attention_time(llama, eager, nics, 1, 4, tokens, seq)
+    assert across.cp_exposed_forward_s > 0.0
+    assert across.cp_exposed_s > 2 * across.cp_exposed_forward_s
+    args = ("fp8", 1, 4, tokens, seq)
+    none = layer_time(llama, eager, nics, *args, "none")
+    full = layer_time(llama, eager, nics, *args, "full")
+    assert full.cp_comm_s - none.cp_comm_s == pytest.approx(
+        across.cp_merge_forward_s + across.cp_exposed_forward_s
+    )
