@@ -1,17 +1,22 @@
 """The reconciler at 10,240 GPUs: real Postgres, an in-memory Slurm of 1,280 nodes.
 
 200 runs train on 1,200 of the nodes (6 nodes each), the spare pool holds 11 (the planner's
-size for 10,240 GPUs at Llama 3's failure rate), and 10,000 more runs wait in the queue
-for nodes. We time steady-state ticks of the real `Reconciler` (each step separately),
-count its Slurm calls per tick (the fake counts every SlurmClient call), then fail one node
-of a training run and time the tick that drains it and moves its run to a spare.
+size for 10,240 GPUs at Llama 3's failure rate); then 20 sweeps of 50 one-node points arrive
+through the sweeps service (`create_sweep`, each member admitted like a run), each queued by
+the reconciler as one Slurm job array (`reconcile/sweeps.py`) of which 3 tasks run at once
+on the nodes left; then 10,000 more runs wait in the queue for nodes. We time steady-state
+ticks of the real `Reconciler` (each step separately) at each stage, count its Slurm calls
+per tick (the fake counts every SlurmClient call), time the ticks that submit the arrays,
+that hand the started tasks their nodes, and that follow sweep tasks ending (the next ones
+start), then fail one node of a training run and time the tick that drains it and moves its
+run to a spare.
 
-    .venv/bin/python bench/reconciler_scale.py [--queued 10000] [--ticks 5]
+    .venv/bin/python bench/reconciler_scale.py [--queued 10000] [--sweeps 20] [--ticks 5]
 
 Only Slurm is simulated (service/slurm/fake.py); the database is a fresh one of its own
 (`runyard_scale`), migrated by Alembic. The last line is one JSON object with the figures,
-the targets (tick < 1 s, placement < 100 ms, Slurm calls per tick bounded: the same with
-10 queued runs as with 10,000) and "target_met".
+the targets (tick < 1 s, placement < 100 ms, Slurm calls per tick bounded: the same
+without sweeps, with them, and with 10,000 queued runs besides) and "target_met".
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/runyard_scale"
 os.environ["RUNYARD_DATABASE_URL"] = DATABASE_URL
 
 import psycopg  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 
 from client.devcluster import postgres  # noqa: E402
+from service.auth.principal import Principal  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db import session_scope  # noqa: E402
-from service.models import RunState  # noqa: E402
+from service.models import Role, Run, RunState  # noqa: E402
 from service.reconcile import loop  # noqa: E402
 from service.reconcile.loop import Reconciler  # noqa: E402
 from service.recovery import spares  # noqa: E402
@@ -47,10 +54,16 @@ from service.runs import repository  # noqa: E402
 from service.runs.schemas import RunSpec  # noqa: E402
 from service.runs.service import create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402
+from service.sweeps.schemas import SweepSpec  # noqa: E402
+from service.sweeps.service import create_sweep  # noqa: E402
+from service.workers import service as workers  # noqa: E402
+from service.workers.schemas import CheckpointReport, FinishReport  # noqa: E402
 
 NUM_SWITCHES, NODES_PER_SWITCH = 80, 16  # 1,280 nodes of 8 GPUs: 10,240 GPUs
 RUNS, RUN_NODES = 200, 6
 SPARES = 11  # planner.reliability.assess for 10,240 GPUs at Llama 3's rate
+SWEEP_POINTS, SWEEP_PARALLEL = 50, 3  # per sweep: 50 one-node runs, 3 at once
+TASKS_ENDING = 10  # sweep tasks that end together in the churn tick
 TARGET_TICK_S = 1.0
 TARGET_PLACEMENT_S = 0.100
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -126,6 +139,67 @@ def clock_steps() -> StepClock:
     return clock
 
 
+def sweep_spec(index: int) -> SweepSpec:
+    """A learning-rate sweep of one-node runs (x seed, to reach SWEEP_POINTS points)."""
+    lrs = [round(1e-4 * (k + 1), 6) for k in range(SWEEP_POINTS // 2)]
+    return SweepSpec.model_validate(
+        {
+            "name": f"sweep-{index}",
+            "model": "tiny",
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "seq_len": 128,
+            "global_batch": 64,
+            "steps": 10_000,
+            "sweep": {
+                "grid": {"lr": lrs, "seed": [0, 1]},
+                "max_parallel": SWEEP_PARALLEL,
+            },
+        }
+    )
+
+
+def add_sweeps(count: int, settings: Settings) -> float:
+    """`count` sweeps through the sweeps service, as POST /sweeps creates them; the median
+    seconds one create_sweep took (its SWEEP_POINTS members each planned and admitted)."""
+    owner = Principal(token_id=0, user="bench", team="ml", role=Role.USER)
+    took = []
+    for i in range(count):
+        started = time.perf_counter()
+        with session_scope() as session:
+            create_sweep(session, sweep_spec(i), settings, owner)
+        took.append(time.perf_counter() - started)
+    return statistics.median(took) if took else 0.0
+
+
+def finish_task(attempt_id: int) -> None:
+    """What a sweep task's trainer reports at its end: the final checkpoint, the final step."""
+    with session_scope() as session:
+        _, run = workers.live_attempt_and_run(session, attempt_id)
+        steps = run.total_steps
+    path = f"/ckpt/{attempt_id}/step-{steps}"
+    with session_scope() as session:
+        report = CheckpointReport(step=steps, path=path, state="COMMITTED")
+        workers.record_checkpoint(session, attempt_id, report)
+    with session_scope() as session:
+        workers.record_finish(session, attempt_id, FinishReport(final_step=steps))
+
+
+def one_tick(reconciler: Reconciler, slurm: FakeSlurm) -> dict[str, Any]:
+    """One tick that does something (not steady state): its time and Slurm calls."""
+    fig = tick_figures(reconciler, slurm, 1)
+    return {k: fig[k] for k in ("tick_s", "slurm_calls", "slurm_calls_total", "steps_s")}
+
+
+def sweep_counts() -> dict[str, int]:
+    """Sweep members by state."""
+    with session_scope() as session:
+        rows = session.execute(
+            select(Run.state, func.count()).where(Run.sweep_id.is_not(None)).group_by(Run.state)
+        )
+        return {state.value: n for state, n in rows}
+
+
 def queue_runs(count: int) -> None:
     """`count` more runs waiting for nodes, as create_run stores them: one through the
     service, the rest copied from it in one INSERT (the planner need not run 10,000 times)."""
@@ -173,6 +247,7 @@ def tick_figures(reconciler: Reconciler, slurm: FakeSlurm, ticks: int) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queued", type=int, default=10_000)
+    parser.add_argument("--sweeps", type=int, default=20)
     parser.add_argument("--ticks", type=int, default=5)
     args = parser.parse_args()
     postgres.ensure_running()
@@ -193,10 +268,47 @@ def main() -> None:
     print(f"{len(slurm.nodes)} nodes, {running} of {RUNS} runs running, {SPARES} spares")
 
     small = tick_figures(reconciler, slurm, args.ticks)
+
+    # Sweeps: created through the service, queued as job arrays, a few tasks running.
+    create_s = add_sweeps(args.sweeps, settings)
+    arrays = one_tick(reconciler, slurm)  # one sbatch --array per sweep
+    slurm.schedule()  # Slurm starts what the free nodes and each array's limit allow
+    started = one_tick(reconciler, slurm)  # the tasks' runs take the nodes Slurm gave them
+    counts = sweep_counts()
+    print(
+        f"{args.sweeps} sweeps of {SWEEP_POINTS} points (at most {SWEEP_PARALLEL} at once): "
+        f"create_sweep {create_s * 1000:.0f} ms each (median); arrays submitted in one tick "
+        f"of {arrays['tick_s'] * 1000:.0f} ms, {arrays['slurm_calls_total']} Slurm calls "
+        f"{arrays['slurm_calls']}; tasks started: tick {started['tick_s'] * 1000:.0f} ms, "
+        f"{started['slurm_calls_total']} Slurm calls {started['slurm_calls']}; members {counts}"
+    )
+    swept = tick_figures(reconciler, slurm, args.ticks)
+    # Sweep tasks finish (each trainer reports its final checkpoint and step through the
+    # workers service, then exits 0): the next tasks of those arrays start.
+    running_tasks = [j for j in slurm.jobs.values() if j.array_id and j.state == "RUNNING"]
+    running_tasks = running_tasks[:TASKS_ENDING]
+    for job in running_tasks:
+        finish_task(job.attempt_id)
+        slurm.finish(job.job_id, exit_code=0)
+    ended = one_tick(reconciler, slurm)
+    slurm.schedule()
+    churn = one_tick(reconciler, slurm)
+    print(
+        f"{len(running_tasks)} sweep tasks finish: tick {ended['tick_s'] * 1000:.0f} ms, "
+        f"{ended['slurm_calls_total']} Slurm calls {ended['slurm_calls']}; the next "
+        f"{len(running_tasks)} start: tick {churn['tick_s'] * 1000:.0f} ms, "
+        f"{churn['slurm_calls_total']} Slurm calls {churn['slurm_calls']}; "
+        f"members {sweep_counts()}"
+    )
+
     queue_runs(args.queued)
     reconciler.tick()  # the queued runs say once what they wait for
     big = tick_figures(reconciler, slurm, args.ticks)
-    for label, fig in (("10 queued", small), (f"{args.queued:,} queued", big)):
+    for label, fig in (
+        ("200 running, 10 queued", small),
+        (f"+ {args.sweeps} sweeps", swept),
+        (f"+ {args.queued:,} queued", big),
+    ):
         print(
             f"{label}: tick {fig['tick_s'] * 1000:.0f} ms (max {fig['tick_max_s'] * 1000:.0f}), "
             f"{fig['slurm_calls_total']} Slurm calls {fig['slurm_calls']}"
@@ -222,8 +334,8 @@ def main() -> None:
         f"{recovery['tick_s'] * 1000:.0f} ms, {recovery['slurm_calls_total']} Slurm calls; "
         f"moved: {replaced}"
     )
-    placement_s = big["steps_s"].get("place_pending", 0.0)
-    bounded = small["slurm_calls_total"] == big["slurm_calls_total"]
+    placement_s = max(fig["steps_s"].get("place_pending", 0.0) for fig in (small, swept, big))
+    bounded = small["slurm_calls_total"] == swept["slurm_calls_total"] == big["slurm_calls_total"]
     print(
         json.dumps(
             {
@@ -231,16 +343,28 @@ def main() -> None:
                 "nodes": len(slurm.nodes),
                 "runs_running": running,
                 "runs_queued": args.queued,
+                "sweeps": args.sweeps,
+                "sweep_points": SWEEP_POINTS,
+                "sweep_max_parallel": SWEEP_PARALLEL,
+                "sweep_members": sweep_counts(),
+                "create_sweep_s": create_s,
                 "small": small,
+                "with_sweeps": swept,
                 "big": big,
+                "sweep_arrays_tick": arrays,
+                "sweep_tasks_started_tick": started,
+                "sweep_tasks_ended_tick": ended,
+                "sweep_next_tasks_tick": churn,
                 "recovery": recovery,
                 "recovered_onto_spare": replaced,
                 "targets": {
                     "tick_s": TARGET_TICK_S,
                     "placement_s": TARGET_PLACEMENT_S,
-                    "slurm_calls_per_tick": "the same with 10 or 10,000 queued",
+                    "slurm_calls_per_tick": "the same without sweeps, with them, and with "
+                    "10,000 queued",
                 },
                 "target_met": big["tick_s"] < TARGET_TICK_S
+                and swept["tick_s"] < TARGET_TICK_S
                 and recovery["tick_s"] < TARGET_TICK_S
                 and placement_s < TARGET_PLACEMENT_S
                 and bounded
