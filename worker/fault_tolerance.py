@@ -90,12 +90,13 @@ def drop_cross_group_links(pg: ProcessGroupWrapper) -> None:
     """After a failed step: close this rank's links to the other groups now, not at the next
     quorum. A ring collective only tells the dead group's two neighbours at once (their
     sockets reset); every other survivor waits in its receive until the collective timeout
-    (10 s: the whole stall of a failure). Closing the links here resets theirs, and theirs the
-    next ones', so every survivor learns within a fraction of a second and asks the
+    (10 s: the whole stall of a failure). Closing the links here resets theirs, and theirs
+    the next ones', so every survivor learns within a fraction of a second and asks the
     lighthouse for the next quorum. gloo's abort() alone keeps the sockets open; they close
     when the last reference to the context goes (the collectives' handles went with
-    _sum_across_groups' frame), hence the collect. The next quorum has a new id (the lighthouse bumps it on a commit failure), so torchft configures a fresh
-    group before the next collective."""
+    _sum_across_groups' frame), hence the collect. The next quorum has a new id (the
+    lighthouse bumps it on a commit failure), so torchft configures a fresh group before
+    the next collective."""
     pg.abort()
     gc.collect()
 
@@ -217,6 +218,11 @@ def replica_loop(
     def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
         nonlocal last_checkpoint_step
         if saved is None:
+            return
+        if saved.corrupt is not None:  # rank 0's check before the commit failed
+            reporter.checkpoint(
+                saved.step, str(saved.path.resolve()), "CORRUPT", detail=saved.corrupt
+            )
             return
         last_checkpoint_step = saved.step
         if is_rank0:
