@@ -1,6 +1,7 @@
 """docs/install.md is followed mechanically: its bash blocks must parse, and every file of
-the repository they install must exist (the full install is done by hand on a site; see the
-report of issue 17 for the end-to-end test still to write)."""
+the repository they install must exist. The fast check before the end-to-end one:
+tests/integration/test_site_install.py runs the same blocks on the dev cluster as a site
+would, and ends with a run that survives an Xid."""
 
 from __future__ import annotations
 
