@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
-from service.models import Node, NodeState, Run, RunState
+from service.models import Attempt, Node, NodeState, Run, RunState
 from service.nodes.lifecycle import node_event, set_node_state
 from service.runs import repository
 from service.runs.lifecycle import record_event
@@ -51,6 +51,15 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
                 Run.state == RunState.PENDING,
                 func.cardinality(Run.nodes) < Run.num_nodes,
                 not_(_still_waiting_sql(len(healthy_free), len(pool))),
+                # A sweep member is placed by Slurm as its array's task (queued or not yet
+                # submitted); loading each of 1,000 such members a tick took seconds.
+                not_(
+                    Run.sweep_id.is_not(None)
+                    & (
+                        not_(Run.attempts.any())
+                        | Run.attempts.any(Attempt.state.in_(repository.LIVE_ATTEMPT_STATES))
+                    )
+                ),
             )
         ).all()
         if not queued:

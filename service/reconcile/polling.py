@@ -37,9 +37,10 @@ class Watched:
 
     def unchanged(self, status: JobStatus) -> bool:
         """Nothing apply_observation would write: the same live state and nodes."""
-        if not status.is_live or self.awaits_array_nodes:
+        if not status.is_live:
             return False
-        if status.node_list and status.node_list != self.node_list:
+        # A sweep's array task still queued has no nodes to adopt: nothing to write.
+        if status.node_list and (self.awaits_array_nodes or status.node_list != self.node_list):
             return False
         if status.state == "RUNNING":
             return self.attempt_state == AttemptState.RUNNING and self.run_state == RunState.RUNNING

@@ -104,3 +104,26 @@ def test_a_slurm_outage_ends_no_attempt(cluster: Cluster) -> None:
     cluster.slurm.heal_call("job_details")
     cluster.tick()
     assert cluster.attempts(run_id)[0].state == AttemptState.RUNNING
+
+
+def test_queued_array_tasks_cost_no_transaction_and_no_placement_per_tick(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's tasks waiting in Slurm for their array's limit: nothing changed, so the
+    tick neither locks their runs in polling nor loads them in placement."""
+    from service.reconcile import polling
+    from service.runs import repository
+
+    submit_sweep(cluster, max_parallel=1)
+    cluster.tick()
+    cluster.slurm.schedule()  # task 0 runs; tasks 1 and 2 wait for the array's limit
+    cluster.tick()
+    applied, loaded = [], []
+    apply, get_run = polling.apply_observation, repository.get_run
+    monkeypatch.setattr(polling, "apply_observation", lambda s, o, p: applied.append(o))
+    monkeypatch.setattr(
+        repository, "get_run", lambda *a, **kw: loaded.append(a[1]) or get_run(*a, **kw)
+    )
+    cluster.tick()
+    assert applied == [] and loaded == []
+    assert apply is not None
