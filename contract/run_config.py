@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -12,12 +13,61 @@ from .fault_tolerance import ReplicaGroupConfig, replica_layout_problems
 from .layout import ParallelLayout, layout_problems
 from .model_shape import ModelShape
 
+Figure = Literal["loss", "grad_norm"]
+
 
 class ResumePoint(Frozen):
     """The newest COMMITTED checkpoint a new attempt starts from."""
 
     step: int = Field(ge=0, description="Optimizer steps completed when it was saved.")
     path: str = Field(description="Checkpoint folder (holds the DCP files and the marker).")
+
+
+class SpikeRule(Frozen):
+    """When a step's loss or gradient norm is a spike (issue 15; per run, RunSpec.spike).
+
+    A value of one of `figures` is a spike when, with at least `min_history` finite values of
+    the same figure from the steps before it (the last `window` of them; steps inside the
+    warm-up are not judged, and a resumed attempt starts with no history), it is above BOTH
+    mean + `z` x std of those values AND `ratio` x their mean.
+    The two together keep a noisy-but-flat series (small std) and a tiny-but-steady one
+    (small mean) from tripping it. A non-finite loss or gradient norm is always an anomaly,
+    whatever this rule says. On a rollback the data of training steps
+    [anomaly - skip_before, anomaly + skip_after] is skipped (never before the resume point).
+    """
+
+    enabled: bool = Field(default=True, description="Judge spikes; False: non-finite only.")
+    figures: list[Figure] = Field(
+        default_factory=lambda: list[Figure](["loss"]),
+        description="What is judged for spikes. The gradient norm is not by default: it "
+        "jumps often and harmlessly (clipping absorbs it); add it to roll back on its spikes.",
+    )
+    window: int = Field(default=100, ge=2, description="Recent steps a value is judged against.")
+    min_history: int = Field(default=20, ge=2, description="Fewer finite values: no verdict.")
+    z: float = Field(default=6.0, gt=0, description="Standard deviations above the mean.")
+    ratio: float = Field(default=1.5, gt=1.0, description="And at least this x the mean.")
+    skip_before: int = Field(default=2, ge=0, description="Steps of data skipped before it.")
+    skip_after: int = Field(default=2, ge=0, description="Steps of data skipped after it.")
+    max_rollbacks_at_step: int = Field(
+        default=2,
+        ge=1,
+        description="Rollbacks for anomalies within skip_before + skip_after steps of each "
+        "other before the next one stops the run (StopReason.REPEATED_ANOMALY) instead of "
+        "rolling back again.",
+    )
+
+
+class DataSkip(Frozen):
+    """From training step `from_step` on, the data position runs `steps` ahead of the step:
+    the batches of `steps` steps are never trained on (a rollback past a spike)."""
+
+    from_step: int = Field(ge=1, description="First training step whose data is shifted.")
+    steps: int = Field(ge=1, description="How many steps of data are skipped.")
+
+
+def data_step(step: int, skips: list[DataSkip] | tuple[DataSkip, ...]) -> int:
+    """The data position (worker/data.py TokenBatches' step) of training step `step`."""
+    return step + sum(skip.steps for skip in skips if step >= skip.from_step)
 
 
 class WorkerRunConfig(Frozen):
@@ -53,6 +103,11 @@ class WorkerRunConfig(Frozen):
         default=None,
         description="A Hugging Face Llama folder whose weights a fresh start (no resume_from) "
         "loads instead of a random init; None: random init from seed.",
+    )
+    spike: SpikeRule = Field(default_factory=SpikeRule, description="Loss-spike detection.")
+    data_skips: list[DataSkip] = Field(
+        default_factory=list,
+        description="Data windows skipped by the service's rollbacks, in the order made.",
     )
     report_interval_s: float = Field(default=2.0, gt=0, description="Progress report period.")
     entrypoint: Entrypoint | None = Field(

@@ -33,6 +33,13 @@ class StopReason(StrEnum):
     # checkpoint: a bug or bad data, not bad luck. Retried once, then the run stops here
     # instead of burning the rest of max_restarts (service/recovery/restart.py).
     DETERMINISTIC_FAILURE = "deterministic_failure"
+    # The worker saw a non-finite or spiking loss or gradient norm (worker/anomaly.py): the
+    # next attempt resumes from the newest checkpoint before it with a window of data
+    # skipped. Not a failure of the run's nodes: it uses up none of max_restarts.
+    ROLLED_BACK = "rolled_back"
+    # Anomalies at the same place again after SpikeRule.max_rollbacks_at_step rollbacks:
+    # skipping data does not help, the run stops for a human instead of looping.
+    REPEATED_ANOMALY = "repeated_anomaly"
 
     @property
     def is_yield(self) -> bool:

@@ -20,6 +20,9 @@ Faults (and the point of the step where each fires):
                         must refuse it.
   corrupt_after_commit  rank 0 flips one byte of a data file once the COMMITTED marker is
                         written: only a load can find it.
+  nan_at_step           the step's loss reads NaN on this rank (multiplied by NaN on the
+                        device, no host sync): as a bad batch or an overflow would leave it.
+                        The weights are untouched; the loop finds it at the next report.
 Unset in production; the e2e suite, tests/unit/worker and tests/integration set it.
 """
 
@@ -37,6 +40,7 @@ FAULTS = {
     "raise_after_step": "after_step",
     "corrupt_before_commit": "before_verify",
     "corrupt_after_commit": "after_commit",
+    "nan_at_step": "step_values",
 }
 POINTS = tuple(sorted(set(FAULTS.values())))
 
@@ -104,6 +108,12 @@ def maybe_crash(point: str, step: int, rank: int, folder: Path | None = None) ->
         else:
             print(f"RUNYARD_FAULT: killing rank {rank} at {point} of step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def poisoned(step: int, rank: int) -> bool:
+    """Whether nan_at_step names this step and rank (and this process's run and attempt):
+    the loop then multiplies the step's loss by NaN."""
+    return any(fault.name == "nan_at_step" for fault in _firing("step_values", step, rank))
 
 
 def corrupt_one_byte(folder: Path, rank: int) -> Path:

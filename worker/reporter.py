@@ -148,6 +148,10 @@ class Reporter:
     def validation(self, step: int, loss: float) -> None:
         """Record the held-out loss at `step` (never blocks)."""
 
+    def anomaly(self, step: int, kind: str, figure: str, message: str) -> None:
+        """Report a non-finite or spiking loss or gradient norm at `step` (blocks, bounded):
+        the attempt ends next, and the service rolls the run back past it."""
+
     def close(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (for at most `drain_timeout_s`) and stop."""
 
@@ -187,6 +191,9 @@ class FileReporter(Reporter):
 
     def validation(self, step: int, loss: float) -> None:
         self._append("validation", step=step, loss=loss)
+
+    def anomaly(self, step: int, kind: str, figure: str, message: str) -> None:
+        self._append("anomaly", step=step, anomaly=kind, figure=figure, message=message)
 
 
 class HttpReporter(Reporter):
@@ -331,6 +338,19 @@ class HttpReporter(Reporter):
         # COMMITTED is what resumes rely on: worth waiting for, within a bound.
         stop_after_s = WRITING_RETRY_S if state == "WRITING" else CHECKPOINT_RETRY_S
         return self._post_with_retry("/checkpoints", body, stop_after_s)
+
+    def anomaly(self, step: int, kind: str, figure: str, message: str) -> None:
+        # The service's errors endpoint, kind worker:anomaly: read when the job ends
+        # (service/runs/rollback.py), so it is delivered, within a bound, before the exit.
+        self._drain(timeout_s=WRITING_RETRY_S)  # the timeline shows the steps up to it
+        body = {
+            "rank": self.rank,
+            "node": self.node[:64],
+            "kind": "worker:anomaly",
+            "message": f"{kind} {figure}: {message}"[:4000],
+            "step": step,
+        }
+        self._post_with_retry("/errors", body)
 
     def _drain(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

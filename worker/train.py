@@ -25,7 +25,9 @@ import torch.distributed as dist
 import yaml
 
 from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
+from contract.run_config import data_step
 from worker import checkpoint, faults
+from worker.anomaly import Anomaly, SpikeDetector, TrainingAnomalyError
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -225,6 +227,9 @@ def train_loop(
     # at the previous report. Checkpoint steps and the last step always report.
     window = ReportWindow(device)
     next_report_step, steps_per_report_wish = trainer.step + 1, 1
+    # Loss spikes and non-finite values, judged on every rank from the report's figures
+    # (the same everywhere): found at the report that closes their step's window.
+    detector = SpikeDetector(config.spike, config.warmup_steps)
 
     for step in range(trainer.step + 1, config.steps + 1):
         lr = lr_at(step, config)
@@ -233,19 +238,24 @@ def train_loop(
         # Except after a checkpoint step, once: the save's copy of the state to host memory
         # runs beside this step's forward and backward, and the update waits for it (on a
         # GPU that copy waits in turn for the device to reach it).
+        # The data position is the step, shifted past the windows the service's rollbacks
+        # skipped (contract.run_config.data_step): exact, and the same on every resume.
+        position = data_step(step, config.data_skips)
         loss_sum, num_losses, grad_norm = train_step(
             model,
             optimizers,
             batches,
-            step,
+            position,
             lr,
             config,
             dims,
             device,
             checkpointer.wait_for_staging,
         )
+        if faults.poisoned(step, rank):  # nan_at_step: on the device, no sync
+            loss_sum = loss_sum * float("nan")
         window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
-        trainer.step, trainer.data_step = step, step  # data position = step (see data.py)
+        trainer.step, trainer.data_step = step, position
         trainer.consumed_tokens += tokens_per_step
 
         checkpoint_due = step % config.checkpoint_every == 0 or step == config.steps
@@ -274,6 +284,10 @@ def train_loop(
             )
             if is_rank0:
                 _report(report, config, reporter, tokens_per_step)
+            anomaly = next(filter(None, map(detector.judge, report.steps)), None)
+            if anomaly is not None:
+                # Before any save at this step: checkpoints stay from before the anomaly.
+                _stop_for_anomaly(anomaly, reporter, is_rank0, checkpointer, committed)
 
         committed(checkpointer.poll())  # the previous save, if it completed meanwhile
         last = step == config.steps or stop
@@ -305,6 +319,28 @@ def train_loop(
     return TrainResult(trainer.step, last_checkpoint_step, stopped_early)
 
 
+def _stop_for_anomaly(
+    anomaly: Anomaly,
+    reporter: Reporter,
+    is_rank0: bool,
+    checkpointer: checkpoint.AsyncCheckpointer,
+    committed: Any,
+) -> None:
+    """Every rank, at the same report: end the attempt for the service to roll back.
+
+    A save still in flight is from before the anomaly (none starts after one is found), so
+    it is let commit: the rollback may resume from it. Rank 0 tells the service what it saw
+    (the run's timeline, and the rollback decision, read when the job ends), then every rank
+    raises: the attempt fails, and the service resumes the run from the newest checkpoint
+    before the anomaly with a window of data skipped (service/runs/rollback.py)."""
+    committed(checkpointer.wait())
+    checkpointer.close()
+    if is_rank0:
+        print(f"anomaly: {anomaly.describe()}: stopping for a rollback", flush=True)
+        reporter.anomaly(anomaly.step, anomaly.kind, anomaly.figure, anomaly.describe())
+    raise TrainingAnomalyError(anomaly)
+
+
 def _report(
     report: WindowReport, config: WorkerRunConfig, reporter: Reporter, tokens_per_step: int
 ) -> None:
@@ -320,7 +356,10 @@ def _report(
     if report.non_finite_steps:  # checked here, in bulk: reading them per step would sync
         print(f"warning: non-finite loss or gradient norm at steps {report.non_finite_steps}")
     for figures in report.steps:
-        reporter.metric(figures.step, figures.loss, tokens_per_s, report.step_time_s)
+        # A non-finite loss has no JSON form (the service's API would fail on it): the
+        # anomaly report names it instead (worker/anomaly.py), and the step has no row.
+        if math.isfinite(figures.loss):
+            reporter.metric(figures.step, figures.loss, tokens_per_s, report.step_time_s)
 
 
 def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:

@@ -183,7 +183,15 @@ def show(run_id: int, json: bool = JSON) -> None:
             f"{lost['recomputed_steps_s']:.1f} s, detection {lost['detection_s']:.1f} s, "
             f"drain+resubmit {lost['drain_and_resubmit_s']:.1f} s, start-up+load "
             f"{lost['startup_and_load_s']:.1f} s, checkpoint stalls "
-            f"{lost['checkpoint_stalls_s']:.1f} s; queued {goodput['queued_s']:.1f} s"
+            f"{lost['checkpoint_stalls_s']:.1f} s"
+            + (f", rolled back {lost['rolled_back_s']:.1f} s" if lost.get("rolled_back_s") else "")
+            + f"; queued {goodput['queued_s']:.1f} s"
+        )
+    for r in run.get("rollbacks") or []:  # past a loss spike or non-finite value
+        last = r["skip_from_step"] + r["skip_steps"] - 1
+        console.print(
+            f"rolled back (attempt {r['attempt']}): {r['message']}; resumed from step "
+            f"{r['resume_step']}, data of steps {r['skip_from_step']}-{last} skipped"
         )
     print_table(
         "attempts",

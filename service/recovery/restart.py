@@ -8,7 +8,7 @@ from contract import StopReason
 from service.checkpoints import service as checkpoints
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
 from service.recovery import repeats
-from service.runs import repository
+from service.runs import repository, rollback
 from service.runs.lifecycle import set_attempt_state, set_run_state
 
 # Causes that may turn out to be a corrupt checkpoint or a repeat of the last failure.
@@ -41,11 +41,20 @@ def end_attempt_and_restart(
     CORRUPT, and the next attempt resumes from the one before). Everything else does, so a
     run that keeps failing in its own code stops instead of burning spares forever; a
     worker that said DO_NOT_RETRY fails the run at once, and so does the same failure at
-    the same step as the attempt before (one retry, not max_restarts). Returns True if the
-    run will restart.
+    the same step as the attempt before (one retry, not max_restarts). A loss spike or
+    non-finite value the worker stopped for rolls the run back past it without counting a
+    restart (ROLLED_BACK), or stops it where rollbacks did not help (REPEATED_ANOMALY).
+    Returns True if the run will restart.
     """
     if not attempt.state.is_terminal:
+        anomaly = None
         if cause in _SOFTWARE and attempt.replica_group is None:
+            # A loss spike or non-finite value the worker stopped for: roll back past it
+            # (service/runs/rollback.py), before asking whether it repeats a failure.
+            anomaly = rollback.anomaly_of(session, attempt)
+        if anomaly is not None:
+            cause, reason = rollback.decide(session, run, attempt, anomaly, reason)
+        elif cause in _SOFTWARE and attempt.replica_group is None:
             cause, reason = _what_failed(session, run, attempt, cause, reason)
         set_stop_reason(attempt, cause)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
@@ -72,6 +81,12 @@ def end_attempt_and_restart(
             attempt,
         )
         return False
+    if cause == StopReason.REPEATED_ANOMALY:
+        set_run_state(session, run, RunState.FAILED, reason, attempt)
+        return False
+    if cause == StopReason.ROLLED_BACK:
+        set_run_state(session, run, RunState.PENDING, reason, attempt)
+        return True
     if cause == StopReason.CHECKPOINT_CORRUPT:
         checkpoints.attempt_ended(session, run, attempt)
         newest = repository.newest_committed_checkpoint(session, run.id)

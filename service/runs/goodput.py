@@ -41,6 +41,12 @@ class LostTime(BaseModel):
         "(process start, rendezvous, checkpoint load)."
     )
     checkpoint_stalls_s: float = Field(description="Training blocked on checkpoint writes.")
+    rolled_back_s: float = Field(
+        default=0.0,
+        description="Steps trained after the checkpoint a rollback past a loss spike or "
+        "non-finite value resumed from (service/runs/rollback.py): thrown away, not "
+        "recomputed (their data is skipped).",
+    )
     degraded_s: float = Field(
         default=0.0,
         description="Replica groups: time the run trained with fewer groups while a failed "
@@ -92,7 +98,7 @@ def compute_goodput(
         )
     allocated = _s(started[0].started_at, run.ended_at or now)
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
-    recomputed = detection = resubmit = startup = preempted = segments = 0.0
+    recomputed = detection = resubmit = startup = preempted = segments = rolled_back = 0.0
     for i, attempt in enumerate(started):
         reported = attempt.last_progress_at is not None
         startup += _s(
@@ -121,7 +127,11 @@ def compute_goodput(
             last_seen = attempt.last_progress_at
             if lost_from is not None:
                 progress_end = max(last_seen or lost_from, lost_from)
-                recomputed += _s(lost_from, min(progress_end, attempt.ended_at))
+                trained = _s(lost_from, min(progress_end, attempt.ended_at))
+                if attempt.stop_reason == StopReason.ROLLED_BACK:
+                    rolled_back += trained
+                else:
+                    recomputed += trained
                 detection += _s(progress_end, attempt.ended_at)
     stalls = sum(c.write_s or 0.0 for c in checkpoints)
     lost = LostTime(
@@ -132,8 +142,11 @@ def compute_goodput(
         segment_boundaries_s=segments,
         startup_and_load_s=startup,
         checkpoint_stalls_s=stalls,
+        rolled_back_s=rolled_back,
     )
-    lost_s = recomputed + detection + resubmit + startup + stalls + preempted + segments
+    lost_s = (
+        recomputed + detection + resubmit + startup + stalls + preempted + segments + rolled_back
+    )
     productive = max(allocated - lost_s, 0.0)
     return Goodput(
         allocated_s=allocated,

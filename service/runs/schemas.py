@@ -17,6 +17,7 @@ from contract import (
     Recompute,
     StopReason,
 )
+from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
@@ -142,6 +143,11 @@ class RunSpec(_Spec):
         description="Train as replica groups that survive a node loss without stopping; "
         "None: one group.",
     )
+    spike: SpikeRule = Field(
+        default_factory=SpikeRule,
+        description="When a loss or gradient-norm value is a spike, and the data a rollback "
+        "past it skips (a non-finite value always rolls back).",
+    )
     entrypoint: Entrypoint | None = Field(
         default=None,
         description="Your own training script ({module} or {script}, and args) launched on "
@@ -257,6 +263,11 @@ class RunOut(BaseModel):
     sweep_id: int | None = Field(default=None, description="The sweep this run is a point of.")
     sweep_params: dict[str, Any] | None = Field(default=None, description="Its grid point.")
     attempts: list[AttemptOut] = Field(default_factory=list)
+    rollbacks: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Rollbacks past a loss spike or non-finite value (service/runs/rollback.py)"
+        ": attempt, anomaly_step, message, resume_step, skip_from_step, skip_steps.",
+    )
     goodput: Goodput | None = Field(default=None, description="Only on GET /v1/runs/{id}.")
     mfu: float | None = Field(
         default=None,

@@ -19,6 +19,7 @@ from contract import (
     read_hf_checkpoint,
     replica_layout_problems,
 )
+from contract.run_config import DataSkip
 from planner.hardware import hardware_named
 from planner.presets import MODEL_PRESETS
 from planner.resolve import LayoutError, Resolved, resolve_layout
@@ -298,6 +299,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
         goodput=goodput,
         mfu=achieved_mfu(run.config.get("plan"), run.tokens_per_s),
         attempts=[AttemptOut.model_validate(a) for a in run.attempts],
+        rollbacks=run.config.get("rollbacks", []),
     )
 
 
@@ -344,6 +346,9 @@ def worker_config(
         init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
         entrypoint=spec.entrypoint,
         fault_tolerance=replica,
+        spike=spec.spike,
+        # Every window a rollback skipped, in the order made (service/runs/rollback.py).
+        data_skips=[DataSkip.model_validate(s) for s in run.config.get("data_skips", [])],
     )
 
 

@@ -75,7 +75,9 @@ class ErrorReport(_In):
         max_length=48,
         description="nccl:watchdog_timeout, nccl:remote_error, nccl:system_error, "
         "nccl:internal_error, nccl:connection_reset; worker:do_not_retry, worker:exception "
-        "(any other exception), worker:checkpoint_load (the resume checkpoint failed to load)",
+        "(any other exception), worker:checkpoint_load (the resume checkpoint failed to "
+        "load), worker:anomaly (a loss spike or non-finite value at `step`: the run rolls "
+        "back past it)",
     )
     message: str = Field(default="", max_length=4000)
     step: int | None = Field(

@@ -190,9 +190,14 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
         report.model_dump(),
     )
     node = nodes_repo.get_node(session, report.node) if report.node else None
-    # An exception in the run's own code (or a checkpoint that fails to load) says nothing
-    # about the node: it stays out of the node's history (recovery/repeats.py reads it).
-    if node is not None and report.kind not in ("worker:exception", "worker:checkpoint_load"):
+    # An exception in the run's own code (or a checkpoint that fails to load, or a loss
+    # spike: service/runs/rollback.py) says nothing about the node: it stays out of the
+    # node's history (recovery/repeats.py reads it).
+    if node is not None and report.kind not in (
+        "worker:exception",
+        "worker:checkpoint_load",
+        "worker:anomaly",
+    ):
         session.add(
             NodeEvent(
                 node_name=node.name,
