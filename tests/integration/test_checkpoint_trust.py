@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.conftest import ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -38,8 +38,10 @@ def ended(client, run_id: int) -> dict | None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(240)
 def test_a_corrupt_checkpoint_is_skipped_without_wasting_a_restart(
-    service: ServiceProcess,
+    service: ServiceProcess, agents: Agents
 ) -> None:
+    # `agents`: the nodes heartbeat (this file may be the session's first), else the
+    # service declares a training node's heartbeat lost and moves the run.
     client = service.client()
     # max_restarts=1: the crash uses it up, so the run succeeds only if the corrupt load
     # costs nothing.
@@ -71,7 +73,9 @@ def test_a_corrupt_checkpoint_is_skipped_without_wasting_a_restart(
 
 
 @pytest.mark.timeout(180)
-def test_a_crash_at_the_same_step_stops_after_one_retry(service: ServiceProcess) -> None:
+def test_a_crash_at_the_same_step_stops_after_one_retry(
+    service: ServiceProcess, agents: Agents
+) -> None:
     client = service.client()
     run_id = client.submit_run(spec(LOOP_RUN, max_restarts=5))["id"]
     run = wait_for("the run to end", lambda: ended(client, run_id), timeout_s=150)

@@ -14,7 +14,7 @@ import pytest
 
 from contract import WorkerRunConfig
 from tests.conftest import wait_for
-from tests.integration.conftest import ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def reference_losses(run: dict, tmp_path: Path, skips: list[dict]) -> dict[int, 
 
 @pytest.mark.timeout(240)
 def test_a_nan_rolls_back_skips_the_window_and_finishes(
-    service: ServiceProcess, tmp_path: Path
+    service: ServiceProcess, agents: Agents, tmp_path: Path
 ) -> None:
     client = service.client()
     spec = tiny_spec(NAN_RUN, steps=30, checkpoint_every=10, keep_checkpoints=3, max_restarts=0)
