@@ -82,18 +82,23 @@ def live_group_attempts(run: Run) -> dict[int, Attempt]:
     }
 
 
-def _lost(session: Session, name: str) -> bool:
-    """A node its group cannot train on: not healthy, or failed with its recovery not yet
-    run (a leaf switch's nodes report together, their incidents are handled one by one)."""
-    node = nodes_repo.get_node(session, name)
-    if node is None or node.state not in (NodeState.HEALTHY, NodeState.SUSPECT):
-        return True
-    pending = select(Incident.id).where(
-        Incident.node_name == name,
-        Incident.state == IncidentState.OPEN,
-        Incident.attempt_ended_at.is_(None),
-    )
-    return session.scalar(pending.limit(1)) is not None
+def _lost(session: Session, names: list[str]) -> set[str]:
+    """Of `names`, the nodes their group cannot train on: not healthy, or failed with their
+    recovery not yet run (a leaf switch's nodes report together, their incidents are
+    handled one by one). Two queries whatever the number of nodes."""
+    usable = {
+        n.name
+        for n in nodes_repo.get_nodes(session, names)
+        if n.state in (NodeState.HEALTHY, NodeState.SUSPECT)
+    }
+    pending = session.scalars(
+        select(Incident.node_name).where(
+            Incident.node_name.in_(names),
+            Incident.state == IncidentState.OPEN,
+            Incident.attempt_ended_at.is_(None),
+        )
+    ).all()
+    return (set(names) - usable) | {n for n in pending if n is not None}
 
 
 def spares_granted(session: Session, run: Run, group: int, failed: str | None = None) -> bool:
@@ -103,8 +108,9 @@ def spares_granted(session: Session, run: Run, group: int, failed: str | None = 
     failures expected before its nodes are back; until then it waits while the others
     train. `failed` is a node being drained in this transaction. A group lacking no node
     needs no grant."""
+    lost = _lost(session, list(run.nodes)) | ({failed} if failed else set())
     missing = {
-        g: sum(1 for name in group_nodes(run, g) if name == failed or _lost(session, name))
+        g: sum(1 for name in group_nodes(run, g) if name in lost)
         for g in range(replica_groups(run))
     }
     if not missing.get(group):
@@ -226,9 +232,9 @@ def _run_nodes(req: AttemptRequest) -> list[str]:
 def _group_ready(session: Session, run: Run, group: int) -> bool:
     """Whether a group's nodes can take its job; a failed one is swapped for a spare now
     if the pool has one (the run waited for it)."""
-    for name in group_nodes(run, group):
-        if not _lost(session, name):
-            continue
+    nodes = group_nodes(run, group)
+    lost = _lost(session, nodes)
+    for name in [n for n in nodes if n in lost]:
         incident = session.scalars(
             select(Incident)
             .where(Incident.run_id == run.id, Incident.node_name == name)
