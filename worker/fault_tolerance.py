@@ -47,7 +47,14 @@ from worker.parallel import ParallelDims, TrainingModel, build_training_model, c
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 from worker.reporter import Reporter
 from worker.step import ReportWindow, build_optimizer, next_token_loss
-from worker.train import MAX_STEPS_PER_REPORT, TrainResult, _check_resume_point, _report, lr_at
+from worker.train import (
+    MAX_STEPS_PER_REPORT,
+    TrainResult,
+    _check_resume_point,
+    _report,
+    lr_at,
+    register_commit,
+)
 
 # A replacement group waits this long for a quorum (its peers may be mid-step, or the
 # lighthouse waiting on a group that just died); survivors never wait this long.
@@ -217,20 +224,8 @@ def replica_loop(
 
     def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
         nonlocal last_checkpoint_step
-        if saved is None:
-            return
-        if saved.corrupt is not None:  # rank 0's check before the commit failed
-            reporter.checkpoint(
-                saved.step, str(saved.path.resolve()), "CORRUPT", detail=saved.corrupt
-            )
-            return
-        last_checkpoint_step = saved.step
-        if is_rank0:
-            known = reporter.checkpoint(
-                saved.step, str(saved.path.resolve()), "COMMITTED", saved.num_bytes, saved.write_s
-            )
-            if known:
-                checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
+        if saved is not None and register_commit(saved, config, reporter, is_rank0):
+            last_checkpoint_step = saved.step
 
     try:
         while manager.current_step() < config.steps:

@@ -197,28 +197,9 @@ def train_loop(
     last_checkpoint_step, stopped_early = trainer.step, False
 
     def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
-        """Rank 0: register a commit with the service, then prune what it superseded."""
         nonlocal last_checkpoint_step
-        if saved is None:
-            return
-        target = str(saved.path.resolve())
-        if saved.corrupt is not None:  # rank 0's check before the commit failed: not committed
-            print(f"checkpoint step {saved.step} failed verification: {saved.corrupt}", flush=True)
-            reporter.checkpoint(saved.step, target, "CORRUPT", detail=saved.corrupt)
-            return
-        last_checkpoint_step = saved.step
-        if not is_rank0:
-            return
-        known = reporter.checkpoint(saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s)
-        print(
-            f"checkpoint step {saved.step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s "
-            f"(training blocked {saved.blocking_s:.3f}s)",
-            flush=True,
-        )
-        # Prune only once the service knows of this commit: until then it would resume a
-        # new attempt from an older one, which must still be on disk.
-        if known:
-            checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
+        if saved is not None and register_commit(saved, config, reporter, is_rank0):
+            last_checkpoint_step = saved.step
 
     tokens_per_step = config.global_batch * config.seq_len
     # Reports are the loop's only host syncs. Every rank must report on the same steps (a
@@ -339,6 +320,33 @@ def _stop_for_anomaly(
         print(f"anomaly: {anomaly.describe()}: stopping for a rollback", flush=True)
         reporter.anomaly(anomaly.step, anomaly.kind, anomaly.figure, anomaly.describe())
     raise TrainingAnomalyError(anomaly)
+
+
+def register_commit(
+    saved: checkpoint.SavedCheckpoint, config: WorkerRunConfig, reporter: Reporter, is_rank0: bool
+) -> bool:
+    """A finished save: rank 0 registers the commit with the service, then prunes what it
+    superseded; a save whose check before the commit failed is reported CORRUPT instead.
+    True when `saved` is committed (every rank knows: only rank 0 can have `corrupt` set, and
+    it then fails the attempt). Shared by the plain and the replica-group loops."""
+    target = str(saved.path.resolve())
+    if saved.corrupt is not None:  # rank 0's check before the commit failed: not committed
+        print(f"checkpoint step {saved.step} failed verification: {saved.corrupt}", flush=True)
+        reporter.checkpoint(saved.step, target, "CORRUPT", detail=saved.corrupt)
+        return False
+    if not is_rank0:
+        return True
+    known = reporter.checkpoint(saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s)
+    print(
+        f"checkpoint step {saved.step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s "
+        f"(training blocked {saved.blocking_s:.3f}s)",
+        flush=True,
+    )
+    # Prune only once the service knows of this commit: until then it would resume a new
+    # attempt from an older one, which must still be on disk.
+    if known:
+        checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
+    return True
 
 
 def _report(
