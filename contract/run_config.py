@@ -105,6 +105,12 @@ class WorkerRunConfig(Frozen):
         "loads instead of a random init; None: random init from seed.",
     )
     spike: SpikeRule = Field(default_factory=SpikeRule, description="Loss-spike detection.")
+    sdc_check_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Compare data-parallel replicas' parameter checksums every N steps "
+        "(worker/sdc.py); None: never.",
+    )
     data_skips: list[DataSkip] = Field(
         default_factory=list,
         description="Data windows skipped by the service's rollbacks, in the order made.",

@@ -40,8 +40,17 @@ class StopReason(StrEnum):
     # Anomalies at the same place again after SpikeRule.max_rollbacks_at_step rollbacks:
     # skipping data does not help, the run stops for a human instead of looping.
     REPEATED_ANOMALY = "repeated_anomaly"
+    # A node of the run was persistently slower than its peers (service/nodes/stragglers.py)
+    # and the cluster's policy is `move`: the ranks checkpoint and exit 0 when asked, and
+    # the run resumes on a spare. The hardware did not fail, so it is neither a hardware
+    # restart nor one of max_restarts.
+    SLOW_NODE = "slow_node"
+    # Data-parallel replicas' parameters disagreed (worker/sdc.py): the odd node is drained
+    # and the run resumes from a checkpoint older than the last clean comparison
+    # (service/runs/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
+    SDC = "sdc"
 
     @property
     def is_yield(self) -> bool:
         """A stop the service asked for at a checkpoint: nothing counts against restarts."""
-        return self in (StopReason.PREEMPTED, StopReason.TIME_LIMIT)
+        return self in (StopReason.PREEMPTED, StopReason.TIME_LIMIT, StopReason.SLOW_NODE)

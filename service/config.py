@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,15 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class SlowNodePolicy(StrEnum):
+    """What the service does with a node flagged SLOW (service/nodes/stragglers.py)."""
+
+    FLAG = "flag"  # show it (node show, /metrics, the node's history); the run stays
+    # Also move the run off it: checkpoint at the next report, drain the node, a spare
+    # takes its place (only when a spare is free: waiting for one would cost more).
+    MOVE = "move"
 
 
 class Settings(BaseSettings):
@@ -123,6 +133,34 @@ class Settings(BaseSettings):
     hang_min_s: float = Field(
         default=30.0, gt=0, description="...and never before this many seconds without a step."
     )
+    slow_node_policy: SlowNodePolicy = Field(
+        default=SlowNodePolicy.MOVE,
+        description="flag: a persistently slow node is shown (node show, /metrics "
+        "runyard_node_slow) and left in its run; move: also moved off at once with a "
+        "checkpoint, drained, and replaced by a spare. move by default: synchronous training "
+        "runs at its slowest rank, so a node 1.25x slow costs every GPU of the run 20% for "
+        "as long as it stays, while the move costs one restart and no steps.",
+    )
+    slow_node_margin: float = Field(
+        default=1.25,
+        gt=1.0,
+        description="A node is slow in a report when its slowest rank's update time is above "
+        "this x the median of the other nodes' (MegaScale reports stragglers at 1.1-1.5x).",
+    )
+    slow_node_min_excess_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="...and at least this many seconds above that median, so jitter is not a "
+        "straggler. Default by accelerator: 0.001 on GPUs (an update takes about a "
+        "millisecond there, timed on the device); 0.1 on cpu, the dev cluster, where ranks "
+        "sharing two cores jitter by tens of ms.",
+    )
+    slow_node_reports: int = Field(
+        default=5,
+        ge=1,
+        description="Consecutive slow reports (each a mean over ~report_interval_s of steps) "
+        "before a node is flagged SLOW; one report within the margin clears the count.",
+    )
     log_format: Literal["json", "text"] = Field(
         default="json",
         description="Service log lines: one JSON object each (with run, attempt and node ids) "
@@ -140,6 +178,13 @@ class Settings(BaseSettings):
             return self.job_prefix
         database = self.database_url.rsplit("/", 1)[-1].split("?")[0]
         return f"runyard-{database}"
+
+    @property
+    def slow_node_floor_s(self) -> float:
+        """slow_node_min_excess_s, or its default for the accelerator."""
+        if self.slow_node_min_excess_s is not None:
+            return self.slow_node_min_excess_s
+        return 0.1 if self.accelerator == "cpu" else 0.001
 
     @property
     def api_url(self) -> str:

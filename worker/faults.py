@@ -23,6 +23,13 @@ Faults (and the point of the step where each fires):
   nan_at_step           the step's loss reads NaN on this rank (multiplied by NaN on the
                         device, no host sync): as a bad batch or an overflow would leave it.
                         The weights are untouched; the loop finds it at the next report.
+  slow_step             from this step on, this rank sleeps RUNYARD_FAULT_SLOW_S seconds
+                        (default 0.3) in its update, as a throttled or failing GPU would
+                        stretch it: the straggler check must flag its node.
+  flip_param            after this step's update, this rank flips a low mantissa bit of one
+                        value of its parameters: its data-parallel replica silently
+                        differs from the others, as a bit flip in a GPU's memory or ALU
+                        would leave it. The loss barely moves; the SDC check must find it.
 Unset in production; the e2e suite, tests/unit/worker and tests/integration set it.
 """
 
@@ -30,8 +37,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 # fault -> the point of the step where it fires
 FAULTS = {
@@ -41,7 +52,12 @@ FAULTS = {
     "corrupt_before_commit": "before_verify",
     "corrupt_after_commit": "after_commit",
     "nan_at_step": "step_values",
+    "slow_step": "update",
+    "flip_param": "after_update",
 }
+# Faults that fire on every step from theirs on, not only at it.
+FROM_STEP_ON = frozenset({"slow_step"})
+DEFAULT_SLOW_S = 0.3
 POINTS = tuple(sorted(set(FAULTS.values())))
 
 
@@ -60,7 +76,7 @@ class Fault:
     def fires(self, point: str, step: int, rank: int) -> bool:
         return (
             FAULTS[self.name] == point
-            and self.step == step
+            and (self.step <= step if self.name in FROM_STEP_ON else self.step == step)
             and self.rank in (None, rank)
             and self.attempt in (None, _context["attempt"])
             and self.run in (None, _context["run"])
@@ -114,6 +130,38 @@ def poisoned(step: int, rank: int) -> bool:
     """Whether nan_at_step names this step and rank (and this process's run and attempt):
     the loop then multiplies the step's loss by NaN."""
     return any(fault.name == "nan_at_step" for fault in _firing("step_values", step, rank))
+
+
+def slow_down(step: int, rank: int) -> float:
+    """Sleep as slow_step says for this step and rank; how long it slept (0: no fault)."""
+    if not _firing("update", step, rank):
+        return 0.0
+    seconds = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
+    time.sleep(seconds)
+    return seconds
+
+
+def flip_param(step: int, rank: int, parameters: Iterable[torch.Tensor]) -> bool:
+    """If flip_param names this step and rank: flip a low mantissa bit of the first value of
+    this rank's first parameter shard, in place (the value changes by about 1e-4 of itself:
+    the loss cannot tell, and it is high enough that later updates do not round it away).
+    True if it flipped one."""
+    if not _firing("after_update", step, rank):
+        return False
+    first = next(iter(parameters))
+    local = first.to_local() if hasattr(first, "to_local") else first
+    # (integer view, mantissa bit): bit 10 of a float32's 23, bit 3 of a bfloat16's 7.
+    as_int = {
+        torch.float32: (torch.int32, 10),
+        torch.bfloat16: (torch.int16, 3),
+        torch.float16: (torch.int16, 3),
+    }
+    view, bit = as_int.get(local.dtype, (torch.int64, 40))
+    with torch.no_grad():
+        bits = local.view(-1)[:1].view(view)
+        bits ^= 1 << bit
+    print(f"RUNYARD_FAULT: flipped a parameter bit on rank {rank} after step {step}", flush=True)
+    return True
 
 
 def corrupt_one_byte(folder: Path, rank: int) -> Path:

@@ -152,6 +152,19 @@ class Reporter:
         """Report a non-finite or spiking loss or gradient norm at `step` (blocks, bounded):
         the attempt ends next, and the service rolls the run back past it."""
 
+    def node_update_s(self, step: int, update_s: dict[str, float]) -> None:
+        """Each node's slowest rank's mean update time over the window ending at `step`
+        (worker/stragglers.py); sent with the next progress report (never blocks)."""
+
+    def sdc_clean(self, step: int) -> None:
+        """Data-parallel replicas' parameters matched after `step` (worker/sdc.py); sent
+        with the next progress report (never blocks)."""
+
+    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
+        """Replicas disagreed at `step`; `nodes` hold the odd ones out (blocks, bounded):
+        the attempt ends next, the service drains them and rolls back to before
+        `clean_step`, the last comparison that passed."""
+
     def close(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (for at most `drain_timeout_s`) and stop."""
 
@@ -195,6 +208,15 @@ class FileReporter(Reporter):
     def anomaly(self, step: int, kind: str, figure: str, message: str) -> None:
         self._append("anomaly", step=step, anomaly=kind, figure=figure, message=message)
 
+    def node_update_s(self, step: int, update_s: dict[str, float]) -> None:
+        self._append("node_update_s", step=step, update_s=update_s)
+
+    def sdc_clean(self, step: int) -> None:
+        self._append("sdc_clean", step=step)
+
+    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
+        self._append("sdc", step=step, nodes=nodes, clean_step=clean_step, message=message)
+
 
 class HttpReporter(Reporter):
     """Rank 0's reporter to the service's /v1/worker/attempts/{id}/... endpoints."""
@@ -210,6 +232,8 @@ class HttpReporter(Reporter):
         )
         self._buffer: deque[tuple[int, dict[str, Any]]] = deque()  # (sequence number, row)
         self._held_out: list[dict[str, Any]] = []  # held-out losses, sent with the next rows
+        # The newest straggler figures and clean SDC comparison: only the latest matters.
+        self._latest: dict[str, Any] = {}
         self._numbers = itertools.count()
         self._lock = threading.Lock()  # guards the buffer
         self._send_lock = threading.Lock()  # one progress POST in flight at a time, in order
@@ -235,6 +259,28 @@ class HttpReporter(Reporter):
         with self._lock:
             self._held_out.append({"step": step, "loss": loss})
 
+    def node_update_s(self, step: int, update_s: dict[str, float]) -> None:
+        with self._lock:
+            self._latest["node_update_s"] = {"step": step, "update_s": update_s}
+
+    def sdc_clean(self, step: int) -> None:
+        with self._lock:
+            self._latest["sdc_clean_step"] = step
+
+    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
+        # Read when the job ends (service/runs/sdc.py) and drains `nodes` at once.
+        self._drain(timeout_s=WRITING_RETRY_S)
+        body: dict[str, Any] = {
+            "rank": self.rank,
+            "node": self.node[:64],
+            "kind": "worker:sdc",
+            "message": message[:4000],
+            "step": step,
+            "nodes": nodes,
+            "clean_step": clean_step,
+        }
+        self._post_with_retry("/errors", body)
+
     def pending(self) -> int:
         with self._lock:
             return len(self._buffer) + len(self._held_out)
@@ -255,6 +301,7 @@ class HttpReporter(Reporter):
             with self._lock:
                 batch = list(itertools.islice(self._buffer, MAX_BATCH))
                 held_out = list(self._held_out)
+                latest = dict(self._latest)
             if not batch and not held_out:
                 return True
             body = {
@@ -262,6 +309,7 @@ class HttpReporter(Reporter):
                 "node": self.node,
                 "metrics": [row for _, row in batch],
                 "validation": held_out,
+                **latest,
             }
             try:
                 response = self._client.post("/progress", json=body)
@@ -283,6 +331,9 @@ class HttpReporter(Reporter):
                 self._read_run_state(response)
             with self._lock:  # drop what was sent; rows dropped for space meanwhile are gone
                 del self._held_out[: len(held_out)]
+                for key, value in latest.items():
+                    if self._latest.get(key) == value:
+                        del self._latest[key]
                 last_sent = batch[-1][0] if batch else -1
                 while self._buffer and self._buffer[0][0] <= last_sent:
                     self._buffer.popleft()

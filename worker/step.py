@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from worker.data import TokenBatches
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
+from worker.stragglers import UpdateTimer
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -115,11 +116,14 @@ def train_step(
     dims: ParallelDims,
     device: torch.device,
     before_update: Callable[[], None] | None = None,
+    update_timer: UpdateTimer | None = None,
+    slow_down: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One optimizer step, without a host sync: returns the rank's loss sum and its count
     (as forward_backward) and the global gradient norm before clipping, on the device.
     `before_update` runs just before the weights change (the loop waits there for a
-    checkpoint's copy of them)."""
+    checkpoint's copy of them). `update_timer` times the update, the rank's own work with
+    no collective in it (worker/stragglers.py); `slow_down` runs inside it (fault hook)."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr  # a Python float: AdamW reads it on the host
@@ -127,9 +131,15 @@ def train_step(
     grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
     if before_update is not None:
         before_update()
+    if update_timer is not None:
+        update_timer.start()
+    if slow_down is not None:
+        slow_down()
     for optimizer in optimizers:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    if update_timer is not None:
+        update_timer.stop()
     return loss_sum, num_losses, grad_norm
 
 
@@ -152,6 +162,8 @@ class WindowReport:
     stop: bool
     steps_to_next_report: int
     elapsed_s: float  # wall time from the previous report's end to this one's read-back
+    # Every rank's mean update time over the window, by rank (worker/stragglers.py).
+    rank_update_s: list[float] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -192,18 +204,31 @@ class ReportWindow:
         self._num_losses.append(num_losses)
         self._grad_norms.append(grad_norm.detach().float())
 
-    def close(self, stop_requested: bool, steps_to_next_report: int) -> WindowReport:
+    def close(
+        self, stop_requested: bool, steps_to_next_report: int, update_s: float = 0.0
+    ) -> WindowReport:
         """Every rank, on the same step: reduce the window over the ranks and read it back.
 
         One all-reduce sums, over the ranks that computed one, each step's losses and their
         count (the last pipeline stage: so every rank gets the global mean), and every
         rank's wish to stop; `steps_to_next_report` is counted from rank 0 alone (the
-        others pass 0), so that all ranks agree on when the next report comes.
+        others pass 0), so that all ranks agree on when the next report comes. It also
+        carries `update_s`, this rank's mean update time, in this rank's own slot of a
+        world-sized vector: the sum is every rank's figure (8 bytes a rank, no collective
+        of its own).
         """
         n = len(self._steps)
         if n == 0:
             raise RuntimeError("a report needs at least one step since the last one")
-        host = [*map(float, self._num_losses), float(stop_requested), float(steps_to_next_report)]
+        rank, world = dist.get_rank(), dist.get_world_size()
+        slots = [0.0] * world
+        slots[rank] = update_s
+        host = [
+            *map(float, self._num_losses),
+            float(stop_requested),
+            float(steps_to_next_report),
+            *slots,
+        ]
         # sync: a copy of host values to the device; the report waits for the GPU anyway.
         summed = torch.cat([torch.stack(self._loss_sums), torch.tensor(host).to(self.device)])
         dist.all_reduce(summed)  # sync: every rank's losses and stop wishes, one collective
@@ -213,11 +238,14 @@ class ReportWindow:
         elapsed_s = time.perf_counter() - self.started
         loss_sums, counts = values[:n], values[n : 2 * n]
         stop, steps_to_next = values[2 * n], values[2 * n + 1]
-        grad_norms = values[2 * n + 2 :]
+        rank_update_s = values[2 * n + 2 : 2 * n + 2 + world]
+        grad_norms = values[2 * n + 2 + world :]
         figures = [
             StepFigures(step, loss_sum / count, grad_norm, lr)
             for step, loss_sum, count, grad_norm, lr in zip(
                 self._steps, loss_sums, counts, grad_norms, self._lrs, strict=True
             )
         ]
-        return WindowReport(figures, stop > 0, max(1, round(steps_to_next)), elapsed_s)
+        return WindowReport(
+            figures, stop > 0, max(1, round(steps_to_next)), elapsed_s, rank_update_s
+        )

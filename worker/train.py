@@ -8,6 +8,7 @@ Under the service, entry.run_attempt fetches the config and calls train() with a
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import signal
 import sys
@@ -26,7 +27,7 @@ import yaml
 
 from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
 from contract.run_config import data_step
-from worker import checkpoint, faults
+from worker import checkpoint, faults, sdc
 from worker.anomaly import Anomaly, SpikeDetector, TrainingAnomalyError
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
@@ -41,6 +42,7 @@ from worker.evaluate import Evaluator
 from worker.parallel import ParallelDims, build_training_model, check_supported
 from worker.reporter import FileReporter, Reporter
 from worker.step import ReportWindow, WindowReport, build_optimizer, next_token_loss, train_step
+from worker.stragglers import UpdateTimer, node_update_s, rank_nodes, this_node
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
 # At most this many steps between two reports: bounds the device values a window holds
@@ -211,6 +213,18 @@ def train_loop(
     # Loss spikes and non-finite values, judged on every rank from the report's figures
     # (the same everywhere): found at the report that closes their step's window.
     detector = SpikeDetector(config.spike, config.warmup_steps)
+    # Slow nodes: every rank times its update (its own work, no collective in it); the
+    # reports carry every rank's mean, and rank 0 sends each node's slowest.
+    update_timer, nodes = UpdateTimer(device), rank_nodes(this_node())
+    # Silent data corruption: replicas compare a parameter checksum every sdc_check_every
+    # steps (only layouts whose dp peers hold equal copies).
+    parameters = [p for part in model.parts for p in part.parameters()]
+    sdc_on = config.sdc_check_every is not None and sdc.replicas_are_equal(
+        dims, config.layout.zero_stage
+    )
+    sdc_key, last_clean_step = sdc.replica_key(dims), None
+    if is_rank0 and config.sdc_check_every is not None and not sdc_on:
+        print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
 
     for step in range(trainer.step + 1, config.steps + 1):
         lr = lr_at(step, config)
@@ -232,7 +246,10 @@ def train_loop(
             dims,
             device,
             checkpointer.wait_for_staging,
+            update_timer,
+            functools.partial(faults.slow_down, step, rank),  # slow_step: in the timed update
         )
+        faults.flip_param(step, rank, parameters)  # flip_param: one replica diverges
         if faults.poisoned(step, rank):  # nan_at_step: on the device, no sync
             loss_sum = loss_sum * float("nan")
         window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
@@ -242,7 +259,8 @@ def train_loop(
         checkpoint_due = step % config.checkpoint_every == 0 or step == config.steps
         stop = cancel = False
         eval_due = evaluator is not None and evaluator.due(step)
-        if step >= next_report_step or checkpoint_due or eval_due:
+        sdc_due = sdc_on and step % (config.sdc_check_every or 1) == 0
+        if step >= next_report_step or checkpoint_due or eval_due or sdc_due:
             # sync (host and ranks): the window's losses come back, and with them any
             # rank's reason to stop (the service cancelling the run, seen by rank 0;
             # Slurm's time-limit signal, which ranks may see at different steps), so that
@@ -252,6 +270,7 @@ def train_loop(
             report = window.close(
                 stop_requested=cancel or time_limit_near.is_set(),
                 steps_to_next_report=steps_per_report_wish if is_rank0 else 0,
+                update_s=update_timer.take_mean_s(),
             )
             if evaluator is not None and eval_due:  # between windows: in no step's time
                 val_loss = evaluator.loss(model)
@@ -265,10 +284,27 @@ def train_loop(
             )
             if is_rank0:
                 _report(report, config, reporter, tokens_per_step)
+                reporter.node_update_s(step, node_update_s(report.rank_update_s, nodes))
             anomaly = next(filter(None, map(detector.judge, report.steps)), None)
             if anomaly is not None:
                 # Before any save at this step: checkpoints stay from before the anomaly.
                 _stop_for_anomaly(anomaly, reporter, is_rank0, checkpointer, committed)
+            if sdc_due:
+                # Before any save at this step too: none is written from corrupted weights.
+                mismatch = sdc.compare_replicas(step, parameters, sdc_key, device)
+                if mismatch is not None:
+                    _stop_for_sdc(
+                        mismatch,
+                        nodes,
+                        last_clean_step,
+                        reporter,
+                        is_rank0,
+                        checkpointer,
+                        committed,
+                    )
+                last_clean_step = step
+                if is_rank0:
+                    reporter.sdc_clean(step)
 
         committed(checkpointer.poll())  # the previous save, if it completed meanwhile
         last = step == config.steps or stop
@@ -320,6 +356,31 @@ def _stop_for_anomaly(
         print(f"anomaly: {anomaly.describe()}: stopping for a rollback", flush=True)
         reporter.anomaly(anomaly.step, anomaly.kind, anomaly.figure, anomaly.describe())
     raise TrainingAnomalyError(anomaly)
+
+
+def _stop_for_sdc(
+    mismatch: sdc.Mismatch,
+    nodes: list[str],
+    last_clean_step: int | None,
+    reporter: Reporter,
+    is_rank0: bool,
+    checkpointer: checkpoint.AsyncCheckpointer,
+    committed: Any,
+) -> None:
+    """Every rank, at the same comparison: end the attempt for the service to drain the
+    odd nodes and roll back to a checkpoint from before the last clean comparison.
+
+    A save still in flight is let commit and registered like any other: if it is newer
+    than the last clean comparison the service distrusts it (service/runs/sdc.py), and if
+    it was saved at that comparison it is the clean checkpoint the run resumes from."""
+    committed(checkpointer.wait())
+    checkpointer.close()
+    text = mismatch.describe(nodes)
+    if is_rank0:
+        print(f"sdc: {text}: stopping", flush=True)
+        odd_nodes = sorted({nodes[r] for r in mismatch.ranks})
+        reporter.sdc(mismatch.step, odd_nodes, last_clean_step, text)
+    raise sdc.SilentDataCorruptionError(text)
 
 
 def register_commit(

@@ -23,7 +23,7 @@ def list_(json: bool = JSON) -> None:
         [
             (
                 n["name"],
-                n["state"],
+                n["state"] + (" SLOW" if n.get("slow_since") else ""),
                 n["slurm_state"],
                 n["switch"],
                 n["num_gpus"],
@@ -46,6 +46,17 @@ def show(name: str, json: bool = JSON) -> None:
         f"Slurm {node['slurm_state']} {node['slurm_reason']}; switch {node['switch']}; "
         f"application errors {node['num_app_errors']}"
     )
+    if node.get("slow_since"):
+        console.print(
+            f"[bold yellow]SLOW[/bold yellow] since {short_time(node['slow_since'])}: its "
+            f"ranks' update time {node['slow_ratio']:.2f}x its peers' median "
+            f"({node['num_slow_reports']} consecutive reports)"
+        )
+    elif node.get("num_slow_reports"):
+        console.print(
+            f"slower than its peers in the last {node['num_slow_reports']} report(s) "
+            f"({node['slow_ratio']:.2f}x): not flagged yet"
+        )
     print_table(
         "history",
         ["TIME", "KIND", "CODE", "ACTION", "MESSAGE"],

@@ -187,7 +187,14 @@ def show(run_id: int, json: bool = JSON) -> None:
             + (f", rolled back {lost['rolled_back_s']:.1f} s" if lost.get("rolled_back_s") else "")
             + f"; queued {goodput['queued_s']:.1f} s"
         )
-    for r in run.get("rollbacks") or []:  # past a loss spike or non-finite value
+    for r in run.get("rollbacks") or []:  # past a loss spike, a non-finite value or an SDC
+        if r.get("kind") == "sdc":
+            console.print(
+                f"rolled back (attempt {r['attempt']}): silent data corruption at step "
+                f"{r['anomaly_step']} on {', '.join(r['nodes'])} (drained); resumed from step "
+                f"{r['resume_step']}, the last clean comparison was at step {r['clean_step']}"
+            )
+            continue
         last = r["skip_from_step"] + r["skip_steps"] - 1
         console.print(
             f"rolled back (attempt {r['attempt']}): {r['message']}; resumed from step "

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Enum, ForeignKey, Integer, String, Text
+from sqlalchemy import BigInteger, DateTime, Enum, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -39,6 +39,12 @@ class Node(Timestamped, Base):
     num_app_errors: Mapped[int] = mapped_column(
         Integer, default=0, server_default="0"
     )  # Xid 13/31/43 seen
+    # Stragglers (service/nodes/stragglers.py): consecutive progress reports in which the
+    # node's slowest rank was slower than its peers' median by the margin; the last such
+    # ratio; and since when it is flagged SLOW (None: not flagged).
+    num_slow_reports: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    slow_ratio: Mapped[float | None] = mapped_column(Float)
+    slow_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class NodeEvent(Base):

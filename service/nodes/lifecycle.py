@@ -36,5 +36,8 @@ def set_node_state(session: Session, node: Node, new: NodeState, reason: str) ->
     if new not in NODE_TRANSITIONS[node.state]:
         raise IllegalNodeTransition(f"node {node.name}: {node.state} -> {new}")
     old, node.state, node.state_reason = node.state, new, reason
+    if new == S.HEALTHY and old in (S.DRAINED, S.IN_REPAIR):
+        # Back from repair: a SLOW flag from before the drain no longer says anything.
+        node.num_slow_reports, node.slow_since, node.slow_ratio = 0, None, None
     count_node_transition(node.name, new.value)
     node_event(session, node, f"node.{new.lower()}", reason, {"from": old.value, "to": new.value})

@@ -21,6 +21,15 @@ class NodeOut(BaseModel):
     switch: str | None
     num_gpus: int
     last_heartbeat_at: datetime | None
+    slow_since: datetime | None = Field(
+        default=None,
+        description="Flagged SLOW since then: its ranks' update time persistently above "
+        "its peers' median by the margin (service/nodes/stragglers.py); None: not flagged.",
+    )
+    slow_ratio: float | None = Field(
+        default=None, description="Its last update time over its peers' median."
+    )
+    num_slow_reports: int = Field(default=0, description="Consecutive slow reports so far.")
 
 
 class Heartbeat(BaseModel):

@@ -75,6 +75,7 @@ class StateCollector(Collector):
         yield target
 
         yield from self._heartbeats(session)
+        yield from self._slow_nodes(session)
         yield from self._incidents(session)
         yield from self._running_runs(session)
 
@@ -91,6 +92,28 @@ class StateCollector(Collector):
             if last is not None:
                 lag.add_metric([name], max((now - last).total_seconds(), 0.0))
         yield lag
+
+    def _slow_nodes(self, session: Session) -> Iterator[Metric]:
+        slow = _gauge(
+            "runyard_node_slow",
+            "1 while the node is flagged SLOW: its ranks' update time persistently above its "
+            "peers' median by the margin (service/nodes/stragglers.py); else 0.",
+            ["node"],
+        )
+        ratio = _gauge(
+            "runyard_node_slow_ratio",
+            "The node's last update time over its peers' median, for nodes slow in their "
+            "last report or flagged.",
+            ["node"],
+        )
+        for name, since, last_ratio, count in session.execute(
+            select(Node.name, Node.slow_since, Node.slow_ratio, Node.num_slow_reports)
+        ).all():
+            slow.add_metric([name], 1.0 if since is not None else 0.0)
+            if last_ratio is not None and (since is not None or count):
+                ratio.add_metric([name], last_ratio)
+        yield slow
+        yield ratio
 
     def _incidents(self, session: Session) -> Iterator[Metric]:
         open_ = _gauge(

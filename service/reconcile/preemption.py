@@ -15,6 +15,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, AttemptState, Run, RunState
 from service.models.base import utcnow
+from service.recovery import slow_nodes
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
@@ -35,6 +36,8 @@ def stop_text(attempt: Attempt) -> str:
         return f"preempted by run {attempt.stopped_for_run_id}"
     if attempt.stop_reason == StopReason.TIME_LIMIT:
         return "segment time limit"
+    if attempt.stop_reason == StopReason.SLOW_NODE:
+        return "moving off a slow node"
     return str(attempt.stop_reason or "stopped")
 
 
@@ -162,6 +165,12 @@ def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> N
     if attempt.stop_reason == StopReason.PREEMPTED:
         run.nodes = []  # hand the nodes over; it is placed again when nodes are free
         set_run_state(session, run, RunState.PENDING, f"{reason}{at}", attempt)
+    elif attempt.stop_reason == StopReason.SLOW_NODE:
+        # Incidents drain the slow nodes and swap in spares before the next submission
+        # (the reconciler carries out incidents first in every tick).
+        moved = slow_nodes.after_yield(session, run, attempt)
+        off = f" {', '.join(moved)}" if moved else " (no node flagged any more: same nodes)"
+        set_run_state(session, run, RunState.PENDING, f"{reason}{off}{at}", attempt)
     else:
         set_run_state(
             session, run, RunState.PENDING, f"segment ended at its time limit{at}", attempt

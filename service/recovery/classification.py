@@ -79,6 +79,12 @@ DEFAULT_RULES: dict[str, Rule] = {
     "heartbeat:lost": Rule(A.DRAIN_AND_MOVE, "no heartbeat: the node is presumed dead"),
     "slurm:node_down": Rule(A.DRAIN_AND_MOVE, "Slurm reports the node down/not responding"),
     "hang:no_progress": Rule(A.RESTART, "the step counter stopped moving"),
+    # Issue 15: a node persistently slower than its peers, under the `move` policy
+    # (service/recovery/slow_nodes.py), and data-parallel replicas whose parameters
+    # differ (service/runs/sdc.py): Llama 3 counts silent data corruption as 1.4% of its
+    # interruptions, a hardware fault like a dead GPU.
+    "node:slow": Rule(A.DRAIN_AND_MOVE, "persistently slower than its peers (policy move)"),
+    "sdc:mismatch": Rule(A.DRAIN_AND_MOVE, "silent data corruption: replicas' parameters differ"),
 }
 
 UNKNOWN = Rule(A.OBSERVE, "not in the classification table")

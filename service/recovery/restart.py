@@ -8,7 +8,7 @@ from contract import StopReason
 from service.checkpoints import service as checkpoints
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
 from service.recovery import repeats
-from service.runs import repository, rollback
+from service.runs import repository, rollback, sdc
 from service.runs.lifecycle import set_attempt_state, set_run_state
 
 # Causes that may turn out to be a corrupt checkpoint or a repeat of the last failure.
@@ -44,11 +44,18 @@ def end_attempt_and_restart(
     the same step as the attempt before (one retry, not max_restarts). A loss spike or
     non-finite value the worker stopped for rolls the run back past it without counting a
     restart (ROLLED_BACK), or stops it where rollbacks did not help (REPEATED_ANOMALY).
+    Replicas that disagreed (silent data corruption) roll the run back to before the last
+    clean comparison (SDC), a hardware restart.
     Returns True if the run will restart.
     """
     if not attempt.state.is_terminal:
         anomaly = None
-        if cause in _SOFTWARE and attempt.replica_group is None:
+        corruption = sdc.report_of(session, attempt) if attempt.replica_group is None else None
+        if corruption is not None:
+            # The replicas disagreed (service/runs/sdc.py): however the attempt ended (its
+            # ranks exited, or the drain of the odd node stopped it), roll back past it.
+            cause, reason = sdc.decide(session, run, attempt, corruption, reason)
+        elif cause in _SOFTWARE and attempt.replica_group is None:
             # A loss spike or non-finite value the worker stopped for: roll back past it
             # (service/runs/rollback.py), before asking whether it repeats a failure.
             anomaly = rollback.anomaly_of(session, attempt)
@@ -60,7 +67,8 @@ def end_attempt_and_restart(
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if run.state.is_terminal or run.state == RunState.CANCELLING:
         return False
-    hardware = cause == StopReason.NODE_FAILURE
+    # Silent data corruption is bad hardware too: its node is drained like a failed one.
+    hardware = cause in (StopReason.NODE_FAILURE, StopReason.SDC)
     software_restarts = run.num_restarts - run.num_hardware_restarts
     if cause == StopReason.DO_NOT_RETRY:
         set_run_state(

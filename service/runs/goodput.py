@@ -112,6 +112,8 @@ def compute_goodput(
                 resubmit += gap
             elif attempt.stop_reason == StopReason.PREEMPTED:
                 preempted += gap
+            elif attempt.stop_reason == StopReason.SLOW_NODE:  # a move, as after a drain
+                resubmit += gap
             else:  # StopReason.TIME_LIMIT
                 segments += gap
         if attempt.state == AttemptState.FAILED and attempt.ended_at is not None:
@@ -128,7 +130,7 @@ def compute_goodput(
             if lost_from is not None:
                 progress_end = max(last_seen or lost_from, lost_from)
                 trained = _s(lost_from, min(progress_end, attempt.ended_at))
-                if attempt.stop_reason == StopReason.ROLLED_BACK:
+                if attempt.stop_reason in (StopReason.ROLLED_BACK, StopReason.SDC):
                     rolled_back += trained
                 else:
                     recomputed += trained

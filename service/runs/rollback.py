@@ -77,7 +77,11 @@ def decide(
     rule, step = spike_rule(run), int(anomaly["step"])
     what = anomaly.get("message", "")[:300]
     near = rule.skip_before + rule.skip_after
-    before = [r for r in rollbacks(run) if abs(r["anomaly_step"] - step) <= near]
+    before = [
+        r
+        for r in rollbacks(run)
+        if r.get("kind") != "sdc" and abs(r["anomaly_step"] - step) <= near  # sdc: not data
+    ]
     if len(before) >= rule.max_rollbacks_at_step:
         return (
             StopReason.REPEATED_ANOMALY,

@@ -148,6 +148,15 @@ class RunSpec(_Spec):
         description="When a loss or gradient-norm value is a spike, and the data a rollback "
         "past it skips (a non-finite value always rolls back).",
     )
+    sdc_check_every: int | None = Field(
+        default=50,
+        ge=1,
+        le=100_000_000,
+        description="Every N steps, data-parallel replicas compare a checksum of their "
+        "parameters (silent data corruption; layouts with zero_stage 0 and dp > 1, the only "
+        "ones with equal copies); a mismatch drains the odd node and rolls the run back to "
+        "before the last clean comparison. None: never.",
+    )
     entrypoint: Entrypoint | None = Field(
         default=None,
         description="Your own training script ({module} or {script}, and args) launched on "

@@ -347,6 +347,7 @@ def worker_config(
         entrypoint=spec.entrypoint,
         fault_tolerance=replica,
         spike=spec.spike,
+        sdc_check_every=spec.sdc_check_every,
         # Every window a rollback skipped, in the order made (service/runs/rollback.py).
         data_skips=[DataSkip.model_validate(s) for s in run.config.get("data_skips", [])],
     )

@@ -28,11 +28,28 @@ class HeldOutLoss(_In):
     loss: float
 
 
+class NodeUpdateTimes(_In):
+    """Each node's slowest rank's mean optimizer-update time over the report window ending
+    at `step` (worker/stragglers.py): the figure the straggler rule compares."""
+
+    step: int = Field(ge=0)
+    update_s: dict[str, float] = Field(max_length=1280, description="node name -> seconds")
+
+
 class ProgressReport(_In):
     rank: int = Field(ge=0)
     node: str = Field(default="", max_length=64)
     metrics: list[StepMetric] = Field(default_factory=list, max_length=10_000)
     validation: list[HeldOutLoss] = Field(default_factory=list, max_length=1_000)
+    node_update_s: NodeUpdateTimes | None = Field(
+        default=None, description="Per-node update times: the slow-node rule's input."
+    )
+    sdc_clean_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The newest step at which data-parallel replicas' parameter checksums "
+        "matched (worker/sdc.py): checkpoints up to it are known clean.",
+    )
 
 
 class ProgressAck(BaseModel):
@@ -77,7 +94,8 @@ class ErrorReport(_In):
         "nccl:internal_error, nccl:connection_reset; worker:do_not_retry, worker:exception "
         "(any other exception), worker:checkpoint_load (the resume checkpoint failed to "
         "load), worker:anomaly (a loss spike or non-finite value at `step`: the run rolls "
-        "back past it)",
+        "back past it), worker:sdc (data-parallel replicas' parameters differ at `step`: "
+        "`nodes` are drained, the run rolls back to before `clean_step`)",
     )
     message: str = Field(default="", max_length=4000)
     step: int | None = Field(
@@ -85,4 +103,14 @@ class ErrorReport(_In):
         ge=0,
         description="The step the rank failed at (worker:exception), or the checkpoint it "
         "failed to load (worker:checkpoint_load); the service compares repeat failures by it.",
+    )
+    nodes: list[str] = Field(
+        default_factory=list,
+        max_length=1280,
+        description="worker:sdc: the nodes whose replicas disagreed with the others'.",
+    )
+    clean_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="worker:sdc: the attempt's last step at which the replicas matched.",
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from service.checkpoints.service import mark_corrupt
+from service.config import Settings, get_settings
 from service.errors import Conflict, NotFound
 from service.models import (
     Attempt,
@@ -20,8 +21,9 @@ from service.models import (
 )
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
-from service.recovery import timeline
-from service.runs import repository
+from service.nodes import stragglers
+from service.recovery import slow_nodes, timeline
+from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.workers.schemas import (
@@ -54,7 +56,7 @@ def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
 
 
 def record_progress(
-    session: Session, attempt_id: int, report: ProgressReport
+    session: Session, attempt_id: int, report: ProgressReport, settings: Settings | None = None
 ) -> tuple[Run, Attempt]:
     """Store the reported steps and keep the run's and the attempt's summaries current in
     the same transaction, so readers (goodput, `run watch`) never scan the metric rows."""
@@ -82,6 +84,17 @@ def record_progress(
             f"held-out loss {held_out.loss:.4f} after step {held_out.step}",
             attempt,
             data={"step": held_out.step, "loss": held_out.loss},
+        )
+    sdc.note_clean_step(run, report.sdc_clean_step)
+    if report.node_update_s is not None:
+        # Slow nodes: the straggler rule on this report's per-node update times.
+        settings = settings or get_settings()
+        stragglers.record_update_times(
+            session,
+            run.id,
+            {n: t for n, t in report.node_update_s.update_s.items() if n in run.nodes},
+            settings,
+            slow_nodes.on_flagged(session, run, attempt, settings),
         )
     if report.metrics:
         last = max(report.metrics, key=lambda m: m.step)
@@ -177,6 +190,8 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
     only makes the cause visible, and never drains the node on its own.
     """
     attempt, run = live_attempt_and_run(session, attempt_id)
+    if report.kind == sdc.REPORT:
+        sdc.record_report(session, run, attempt, report)  # drain the odd nodes
     if report.kind == "worker:do_not_retry":
         # Read when the job ends (reconcile/verdict.py): the run fails instead of retrying.
         # Its own column: the job still runs, so it has no exit code yet.
@@ -197,6 +212,7 @@ def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None
         "worker:exception",
         "worker:checkpoint_load",
         "worker:anomaly",
+        sdc.REPORT,  # the node's history gets the drain with its reason instead
     ):
         session.add(
             NodeEvent(

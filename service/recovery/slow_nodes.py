@@ -1,0 +1,98 @@
+"""Slow nodes under the `move` policy: off the node at a checkpoint, onto a spare.
+
+When a node of a running run is flagged SLOW (service/nodes/stragglers.py) and the policy
+(Settings.slow_node_policy) is `move`, the service asks the run's ranks to stop
+(StopReason.SLOW_NODE): they checkpoint at their next report and exit 0, as for a
+preemption, so no step is lost. When the job has ended, `after_yield` opens a
+`node:slow` incident for each flagged node of the run; the incident drains it in Slurm and
+swaps in a spare (recovery/move_to_spare.py), as for a failed node, but the attempt was
+already STOPPED: the run's restart counters, hardware or not, stay untouched.
+
+A move needs a free spare: without one the run would wait for a node instead of training
+slowly, which costs more, so it stays where it is (the node stays flagged and alerting).
+Replica-group runs are only flagged: their groups stop on their own (not handled here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from contract import StopReason
+from service.config import Settings, SlowNodePolicy
+from service.models import Attempt, AttemptState, Node, RecoveryAction, Run
+from service.nodes import repository as nodes_repo
+from service.nodes.stragglers import Judged
+
+# A module import: preemption imports this module back (attempt_stopped calls after_yield).
+from service.reconcile import preemption
+from service.recovery.signals import open_incident
+from service.recovery.spares import spare_nodes
+from service.runs.lifecycle import record_event
+from service.runs.schemas import RunSpec
+
+SIGNAL = "node:slow"  # the incidents' signal, and the alert's label
+
+
+def on_flagged(
+    session: Session, run: Run, attempt: Attempt, settings: Settings
+) -> Callable[[Node, Judged], None]:
+    """What to do with a node flagged in `run`'s report: a callback for stragglers."""
+
+    def act(node: Node, judged: Judged) -> None:
+        text = (
+            f"node {node.name} is SLOW: {judged.ratio:.2f}x its peers' median update time "
+            f"for {node.num_slow_reports} reports"
+        )
+        data = {"node": node.name, "ratio": judged.ratio, "policy": settings.slow_node_policy}
+        if settings.slow_node_policy == SlowNodePolicy.FLAG:
+            record_event(session, run, "recovery.slow_node", f"{text} (policy flag)", attempt, data)
+            return
+        why_not = _cannot_move(session, run, attempt)
+        if why_not:
+            record_event(
+                session, run, "recovery.slow_node", f"{text}; not moved: {why_not}", attempt, data
+            )
+            return
+        record_event(
+            session,
+            run,
+            "recovery.slow_node",
+            f"{text}; moving to a spare: checkpoint at the next report, then resume",
+            attempt,
+            data,
+        )
+        preemption.request_stop(session, run, attempt, StopReason.SLOW_NODE)
+
+    return act
+
+
+def _cannot_move(session: Session, run: Run, attempt: Attempt) -> str | None:
+    if attempt.state != AttemptState.RUNNING or attempt.stop_requested_at is not None:
+        return "the attempt is already stopping"
+    if RunSpec.model_validate(run.spec).replica_groups > 1:
+        return "replica-group runs are only flagged"
+    if not spare_nodes(session):
+        return "no spare free (waiting for one would cost more than training slowly)"
+    return None
+
+
+def after_yield(session: Session, run: Run, attempt: Attempt) -> list[str]:
+    """The attempt stopped for SLOW_NODE: open a drain-and-move incident for each of the
+    run's nodes still flagged SLOW. Returns their names (none if the flag cleared since:
+    the run then resumes where it was)."""
+    slow = [n for n in nodes_repo.get_nodes(session, run.nodes) if n.slow_since is not None]
+    for node in slow:
+        open_incident(
+            session,
+            kind="slow_node",
+            signal=SIGNAL,
+            action=RecoveryAction.DRAIN_AND_MOVE,
+            node=node.name,
+            run_id=run.id,
+            attempt_id=attempt.id,
+            message=f"{node.name}: slow ({node.slow_ratio or 0:.2f}x its peers' median "
+            f"update time in run {run.id}); drained, run moved to a spare",
+        )
+    return [n.name for n in slow]

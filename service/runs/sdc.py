@@ -1,0 +1,123 @@
+"""Silent data corruption (issue 15): drain the odd replica's node, roll back past it.
+
+Every `sdc_check_every` steps (RunSpec, default 50) the worker's data-parallel replicas
+compare a checksum of their parameters (worker/sdc.py). Each comparison that passes is
+reported with the next progress report and kept as `runs.config["sdc_clean_step"]`. A
+mismatch is reported as `worker:sdc` with the step, the odd nodes (every replica of a set
+without a majority: two replicas cannot say which of them is right) and the attempt's last
+clean step, and every rank exits. Then:
+
+- `record_report` (in the report's transaction) opens an `sdc:mismatch` drain-and-move
+  incident per named node: the reconciler drains it in Slurm (reason `sdc`) and a spare
+  takes its place (recovery/move_to_spare.py);
+- when the attempt ends (whichever comes first: the incident or the job's end),
+  recovery/restart.py asks `decide`: the attempt ends StopReason.SDC (a hardware fault:
+  a hardware restart, none of max_restarts) and every committed checkpoint newer than the
+  last clean comparison is marked CORRUPT ("written after the last clean comparison": the
+  corruption may be in it), so the next attempt resumes from the newest one at or before
+  that comparison, a state the replicas were seen to agree on. No data is skipped: the
+  data was not at fault. The rollback is on the timeline (`run.rolled_back`), in
+  `run show`'s rollbacks (kind `sdc`) and in goodput ("rolled back").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract import StopReason
+from service.models import Attempt, CheckpointState, RecoveryAction, Run, RunEvent
+from service.models.base import utcnow
+from service.recovery.signals import open_incident
+from service.runs import repository
+from service.runs.lifecycle import record_event
+from service.workers.schemas import ErrorReport
+
+REPORT = "worker:sdc"  # the kind the worker reports (worker/reporter.py)
+SIGNAL = "sdc:mismatch"  # the incidents' signal, the Slurm drain reason, the alert's label
+
+
+def note_clean_step(run: Run, step: int | None) -> None:
+    """Keep the newest step at which the replicas matched (from a progress report)."""
+    if step is not None and step > run.config.get("sdc_clean_step", -1):
+        run.config = {**run.config, "sdc_clean_step": step}  # a new dict: the column sees it
+
+
+def record_report(session: Session, run: Run, attempt: Attempt, report: ErrorReport) -> None:
+    """A worker's `worker:sdc` report: one drain-and-move incident per odd node."""
+    for node in report.nodes:
+        open_incident(
+            session,
+            kind="sdc",
+            signal=SIGNAL,
+            action=RecoveryAction.DRAIN_AND_MOVE,
+            node=node,
+            run_id=run.id,
+            attempt_id=attempt.id,
+            message=f"{node}: {SIGNAL}: silent data corruption in run {run.id} at step "
+            f"{report.step}: {report.message}"[:2000],
+        )
+
+
+def report_of(session: Session, attempt: Attempt) -> dict[str, Any] | None:
+    """The `worker:sdc` report of `attempt`, if its worker sent one."""
+    reports = session.scalars(
+        select(RunEvent.data).where(
+            RunEvent.attempt_id == attempt.id, RunEvent.kind == "worker.error"
+        )
+    ).all()
+    return next((r for r in reports if r and r.get("kind") == REPORT), None)
+
+
+def decide(
+    session: Session, run: Run, attempt: Attempt, report: dict[str, Any], reason: str
+) -> tuple[StopReason, str]:
+    """StopReason.SDC: checkpoints after the last clean comparison distrusted (CORRUPT), the
+    rollback recorded; the next attempt resumes from the newest one left."""
+    known = [
+        s for s in (report.get("clean_step"), run.config.get("sdc_clean_step")) if s is not None
+    ]
+    clean = max(known) if known else None
+    distrusted = []
+    for checkpoint in repository.checkpoints(session, run.id):
+        later = clean is None or checkpoint.step > clean
+        if later and checkpoint.state in (CheckpointState.COMMITTED, CheckpointState.WRITING):
+            checkpoint.state = CheckpointState.CORRUPT
+            checkpoint.corrupt_reason = (
+                f"written after the last clean SDC comparison (step {clean}): may hold the "
+                f"corruption found at step {report.get('step')}"
+                if clean is not None
+                else f"no SDC comparison passed before the one at step {report.get('step')}"
+            )
+            checkpoint.corrupt_at, checkpoint.corrupt_attempt_id = utcnow(), attempt.id
+            distrusted.append(checkpoint.step)
+    session.flush()
+    newest = repository.newest_committed_checkpoint(session, run.id)
+    resume = newest.step if newest is not None else 0
+    nodes = list(report.get("nodes") or [])
+    row = {
+        "kind": "sdc",
+        "attempt": attempt.number,
+        "anomaly_step": report.get("step"),
+        "message": str(report.get("message", ""))[:300],
+        "resume_step": resume,
+        "clean_step": clean,
+        "nodes": nodes,
+        "distrusted_checkpoints": distrusted,
+    }
+    # From the resume point on, only what this run's replicas compare again is known clean.
+    run.config = {
+        **run.config,
+        "rollbacks": [*run.config.get("rollbacks", []), row],
+        "sdc_clean_step": resume,
+    }
+    since = f"step {resume}" if newest is not None else "scratch"
+    text = (
+        f"silent data corruption at step {report.get('step')} on {', '.join(nodes) or '?'}: "
+        f"rolled back to {since} (last clean comparison: step {clean})"
+        + (f"; checkpoints {distrusted} distrusted" if distrusted else "")
+    )
+    record_event(session, run, "run.rolled_back", text, attempt, row)
+    return StopReason.SDC, f"{reason}: {text}; nodes drained: not counted against max_restarts"

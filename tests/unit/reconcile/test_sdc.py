@@ -1,0 +1,107 @@
+"""Silent data corruption, decided against the fake Slurm (issue 15).
+
+Clean comparisons reach the service with the progress reports; a mismatch is reported as
+`worker:sdc` with the odd node and the attempt's last clean step, and every rank exits 1.
+The service drains the node with the `sdc:mismatch` signal, swaps in a spare, distrusts the
+checkpoints written after the last clean comparison (CORRUPT) and resumes from the newest
+one before it: a hardware restart, none of max_restarts."""
+
+from __future__ import annotations
+
+from contract import StopReason
+from service.db import session_scope
+from service.models import CheckpointState, NodeState, RunState
+from service.runs.service import run_goodput, run_out
+from service.workers import service as workers
+from service.workers.schemas import ErrorReport, ProgressReport
+from tests.unit.reconcile.conftest import Cluster
+from tests.unit.reconcile.test_checkpoint_trust import fail_job, live_attempt_id, running, states
+
+
+def clean_comparison(cluster: Cluster, run_id: int, step: int) -> None:
+    """Rank 0's progress report after a comparison that passed (worker/train.py)."""
+    body = ProgressReport(
+        rank=0, metrics=[{"step": step, "loss": 1.0, "step_time_s": 0.1}], sdc_clean_step=step
+    )
+    with session_scope() as session:
+        workers.record_progress(session, live_attempt_id(cluster, run_id), body, cluster.settings)
+
+
+def report_sdc(
+    cluster: Cluster, run_id: int, step: int, nodes: list[str], clean: int | None
+) -> None:
+    """What rank 0's HttpReporter.sdc posts before every rank raises."""
+    report = ErrorReport(
+        rank=0,
+        kind="worker:sdc",
+        message=f"parameter checksums of data-parallel replicas differ at step {step}",
+        step=step,
+        nodes=nodes,
+        clean_step=clean,
+    )
+    with session_scope() as session:
+        workers.record_error(session, live_attempt_id(cluster, run_id), report)
+
+
+def test_a_mismatch_drains_the_odd_node_and_resumes_before_the_last_clean_comparison(
+    cluster: Cluster,
+) -> None:
+    cluster.set_spares(1)
+    run_id = running(cluster, "sdc", nodes=3, global_batch=12, max_restarts=0, keep_checkpoints=10)
+    odd = cluster.run(run_id).nodes[1]
+    for step in (10, 20, 30, 40):
+        cluster.train(run_id, step)
+        if step == 20:
+            clean_comparison(cluster, run_id, 20)
+    assert cluster.run(run_id).config["sdc_clean_step"] == 20
+    report_sdc(cluster, run_id, 45, [odd], clean=20)
+    cluster.tick()  # the incident: drain, the attempt ends, a spare takes the node's place
+
+    assert cluster.slurm.nodes[odd].drained and "sdc:mismatch" in cluster.slurm.nodes[odd].reason
+    assert cluster.node(odd).state == NodeState.DRAINED
+    [incident] = cluster.incidents(odd)
+    assert incident.signal == "sdc:mismatch" and incident.kind == "sdc"
+    first, second = cluster.attempts(run_id)
+    assert first.stop_reason == StopReason.SDC
+    assert "silent data corruption at step 45" in (first.end_reason or "")
+    run = cluster.run(run_id)
+    assert odd not in run.nodes and incident.spare_node in run.nodes
+    assert run.state == RunState.PENDING
+    assert (run.num_restarts, run.num_hardware_restarts) == (1, 1)  # max_restarts 0: fine
+    # Checkpoints after the clean comparison may hold the corruption: never resumed from.
+    assert states(cluster, run_id) == {
+        10: CheckpointState.COMMITTED,
+        20: CheckpointState.COMMITTED,
+        30: CheckpointState.CORRUPT,
+        40: CheckpointState.CORRUPT,
+    }
+    assert second.resume_step == 20
+    assert "run.rolled_back" in cluster.events(run_id)
+    with session_scope() as session:
+        out = run_out(run, run_goodput(session, run))
+    [row] = out.rollbacks
+    assert row["kind"] == "sdc" and row["nodes"] == [odd] and row["resume_step"] == 20
+    assert run.config["sdc_clean_step"] == 20
+
+    # The ranks' own exit, seen after the drain: nothing more happens.
+    cluster.slurm.schedule()
+    cluster.tick()
+    assert cluster.run(run_id).state == RunState.RUNNING
+
+
+def test_the_job_ending_before_the_drain_rolls_back_the_same_way(cluster: Cluster) -> None:
+    cluster.set_spares(1)
+    run_id = running(cluster, "sdc-exit-first", nodes=3, global_batch=12, keep_checkpoints=10)
+    a, b, c = cluster.run(run_id).nodes
+    cluster.train(run_id, 10)
+    cluster.train(run_id, 20)
+    # No comparison passed in this run yet: every checkpoint is distrusted, and both
+    # replicas of a set without a majority are named.
+    report_sdc(cluster, run_id, 25, [b, c], clean=None)
+    fail_job(cluster, run_id)
+    run = cluster.run(run_id)
+    assert cluster.attempts(run_id)[0].stop_reason == StopReason.SDC
+    assert set(states(cluster, run_id).values()) == {CheckpointState.CORRUPT}
+    assert cluster.attempts(run_id)[-1].resume_step is None  # from scratch
+    assert {n for n in (b, c) if cluster.node(n).state == NodeState.DRAINED} == {b, c}
+    assert a in run.nodes
