@@ -36,16 +36,22 @@ SIGNAL = "node:slow"  # the incidents' signal, and the alert's label
 
 
 def on_flagged(
-    session: Session, run: Run, attempt: Attempt, settings: Settings
+    session: Session, run: Run, attempt: Attempt, settings: Settings, step: int
 ) -> Callable[[Node, Judged], None]:
-    """What to do with a node flagged in `run`'s report: a callback for stragglers."""
+    """What to do with a node flagged in `run`'s report up to `step`: a callback for
+    service/nodes/stragglers.py."""
 
     def act(node: Node, judged: Judged) -> None:
         text = (
-            f"node {node.name} is SLOW: {judged.ratio:.2f}x its peers' median update time "
-            f"for {node.num_slow_reports} reports"
+            f"node {node.name} is SLOW at step {step}: {judged.ratio:.2f}x its peers' median "
+            f"update time for {node.num_slow_reports} reports"
         )
-        data = {"node": node.name, "ratio": judged.ratio, "policy": settings.slow_node_policy}
+        data = {
+            "node": node.name,
+            "ratio": judged.ratio,
+            "step": step,
+            "policy": settings.slow_node_policy.value,
+        }
         if settings.slow_node_policy == SlowNodePolicy.FLAG:
             record_event(session, run, "recovery.slow_node", f"{text} (policy flag)", attempt, data)
             return

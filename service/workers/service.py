@@ -94,7 +94,7 @@ def record_progress(
             run.id,
             {n: t for n, t in report.node_update_s.update_s.items() if n in run.nodes},
             settings,
-            slow_nodes.on_flagged(session, run, attempt, settings),
+            slow_nodes.on_flagged(session, run, attempt, settings, report.node_update_s.step),
         )
     if report.metrics:
         last = max(report.metrics, key=lambda m: m.step)

@@ -1,0 +1,67 @@
+"""A slowed rank on the real cluster (issue 15): from step 4 on, rank 1 of the first attempt
+sleeps 0.3 s in every update (RUNYARD_FAULT slow_step). Its node is flagged SLOW after 5
+consecutive slow reports (reports come every report_interval_s = 2 s, ~5 steps of ~0.4 s:
+within 30 steps of the slowdown), shown in `node show` and /metrics; the service's default
+policy `move` asks the run to checkpoint and yield, drains the node and a spare takes its
+place; the run finishes with no restart counted, hardware or not."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from client.api import RunyardClient
+from tests.conftest import wait_for
+from tests.integration.conftest import ServiceProcess, drain_reason, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+SLOW_RUN = "slow-node"
+SLOW_FROM, FLAG_WITHIN_STEPS = 4, 30
+FAULTS = (f"slow_step:{SLOW_FROM}:1:1@{SLOW_RUN}",)  # rank 1, attempt 1 only
+# The service's Slurm jobs inherit its environment (see test_checkpoint_trust.py).
+os.environ["RUNYARD_FAULT"] = ",".join(f for f in (os.environ.get("RUNYARD_FAULT"), *FAULTS) if f)
+
+
+def ended(client: RunyardClient, run_id: int) -> dict | None:  # type: ignore[type-arg]
+    run = client.get_run(run_id)
+    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+
+@pytest.mark.timeout(240)
+def test_a_slowed_rank_flags_its_node_and_the_run_moves_to_a_spare(
+    service: ServiceProcess,
+    spare_pool: RunyardClient,
+    slurm_cluster,  # type: ignore[no-untyped-def]
+) -> None:
+    client = spare_pool
+    spare = client.get_spares()["members"][0]
+    run_id = client.submit_run(tiny_spec(SLOW_RUN, steps=80, checkpoint_every=20, max_restarts=0))[
+        "id"
+    ]
+    run = wait_for("the run to end", lambda: ended(client, run_id), timeout_s=200)
+
+    first, second = run["attempts"]
+    assert run["state"] == "SUCCEEDED", (run["state_reason"], run["attempts"])
+    assert [first["stop_reason"], second["stop_reason"]] == ["slow_node", "completed"]
+    assert (run["num_restarts"], run["num_hardware_restarts"]) == (0, 0)
+    slow = first["nodes"][1]  # rank 1's node (one rank per node, in node order)
+    [flagged] = [e for e in client.run_events(run_id) if e["kind"] == "recovery.slow_node"]
+    assert flagged["data"]["node"] == slow and flagged["data"]["ratio"] > 1.25
+    assert flagged["data"]["step"] <= SLOW_FROM + FLAG_WITHIN_STEPS, flagged
+    # Moved at the checkpoint it took when asked: no step lost, on the spare.
+    assert second["resume_step"] >= flagged["data"]["step"]
+    assert slow not in second["nodes"] and spare in second["nodes"]
+
+    node = client.get_node(slow)
+    assert node["slow_since"] and node["slow_ratio"] > 1.25 and node["state"] == "DRAINED"
+    assert "slow" in drain_reason(slow, str(slurm_cluster.slurm_conf))
+    assert "node.slow" in [e["kind"] for e in node["events"]]
+    metrics = httpx.get(
+        f"{service.url}/metrics",
+        headers={"Authorization": f"Bearer {service.admin_token}"},
+        timeout=10,
+    ).text
+    assert f'runyard_node_slow{{node="{slow}"}} 1.0' in metrics
