@@ -46,8 +46,9 @@ def note_clean_step(run: Run, step: int | None) -> None:
 
 
 def record_report(session: Session, run: Run, attempt: Attempt, report: ErrorReport) -> None:
-    """A worker's `worker:sdc` report: one drain-and-move incident per odd node."""
-    for node in report.nodes:
+    """A worker's `worker:sdc` report: one drain-and-move incident per odd node (only the
+    run's own nodes: a worker's report never drains a node another run holds)."""
+    for node in (n for n in report.nodes if n in run.nodes):
         open_incident(
             session,
             kind="sdc",
@@ -96,7 +97,7 @@ def decide(
     session.flush()
     newest = repository.newest_committed_checkpoint(session, run.id)
     resume = newest.step if newest is not None else 0
-    nodes = list(report.get("nodes") or [])
+    nodes = [n for n in report.get("nodes") or [] if n in run.nodes]
     row = {
         "kind": "sdc",
         "attempt": attempt.number,

@@ -54,11 +54,13 @@ def test_a_mismatch_drains_the_odd_node_and_resumes_before_the_last_clean_compar
         if step == 20:
             clean_comparison(cluster, run_id, 20)
     assert cluster.run(run_id).config["sdc_clean_step"] == 20
-    report_sdc(cluster, run_id, 45, [odd], clean=20)
+    other = next(n for n in sorted(cluster.slurm.nodes) if n not in cluster.run(run_id).nodes)
+    report_sdc(cluster, run_id, 45, [odd, other], clean=20)  # `other`: not the run's
     cluster.tick()  # the incident: drain, the attempt ends, a spare takes the node's place
 
     assert cluster.slurm.nodes[odd].drained and "sdc:mismatch" in cluster.slurm.nodes[odd].reason
     assert cluster.node(odd).state == NodeState.DRAINED
+    assert cluster.incidents(other) == [] and not cluster.slurm.nodes[other].drained
     [incident] = cluster.incidents(odd)
     assert incident.signal == "sdc:mismatch" and incident.kind == "sdc"
     first, second = cluster.attempts(run_id)
