@@ -161,7 +161,7 @@ def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
         "model": "tiny",
         "nodes": 2,
         "gpus_per_node": 1,
-        "seq_len": 128,
+        "seq_len": 64,
         "global_batch": 8,
         "steps": 300,
         "lr": 3e-3,

@@ -1,8 +1,11 @@
-"""What already survives, kept so: Postgres restarted, and slurmctld killed and restarted,
-while a run trains; the run finishes with its one attempt (nothing submitted twice).
+"""What already survives, kept so: Postgres restarted, slurmctld killed and restarted, and
+the service stopped and started, while a run trains; the run finishes with its one attempt
+(nothing submitted twice).
 
-Both stop shared parts of the dev cluster for seconds: the tests run under the integration
-lock, and each brings the part back the way `runyard dev up` does before it ends."""
+Stopping Postgres and slurmctld stops shared parts of the dev cluster for seconds: the test
+runs under the integration lock, and brings each part back the way `runyard dev up` does.
+(The Postgres outage stops the service's reconciler too; the service's own restart is the
+last outage, with metrics buffered by the worker meanwhile.)"""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import subprocess
 
 import pytest
 
-from client.api import RunyardClient
 from client.devcluster import cluster, postgres
 from client.devcluster.cluster import DevCluster
 from tests.conftest import TEST_DATABASE, wait_for
@@ -20,30 +22,18 @@ pytestmark = pytest.mark.integration
 OUTAGE_S = 5  # long enough for several reconcile ticks and worker reports to fail
 
 
-def train_past_a_commit(client: RunyardClient, name: str) -> int:
-    run_id = client.submit_run(tiny_spec(name, steps=200))["id"]
-    first = wait_for("a committed checkpoint", lambda: committed(client, run_id), timeout_s=120)[0]
-    wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
-    return int(run_id)
-
-
-def finished_once(client: RunyardClient, run_id: int, conf: str) -> None:
-    wait_for(
-        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=240
-    )
-    final = client.get_run(run_id)
-    assert len(final["attempts"]) == 1, "no attempt was submitted twice"
-    assert final["num_restarts"] == 0
-    named = f"JobName=runyard-{TEST_DATABASE}-r{run_id}-"
-    jobs = [line for line in slurm("scontrol", "show", "job", "-o", conf=conf).splitlines()]
-    assert sum(named in line for line in jobs) == 1, "Slurm saw one job for the run"
-
-
-def test_postgres_restarted_while_a_run_trains(
+def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
     service: ServiceProcess, agents: Agents, slurm_cluster: DevCluster
 ) -> None:
-    client = service.client()
-    run_id = train_past_a_commit(client, "postgres-restart")
+    """One run, three outages in turn: Postgres stopped, slurmctld killed, the service
+    stopped. The run finishes with its one attempt, and every step's metrics arrive (the
+    worker buffers what it cannot deliver while the service or its database is down)."""
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
+    steps = 400
+    run_id = client.submit_run(tiny_spec("control-plane-restarts", steps=steps))["id"]
+    first = wait_for("a committed checkpoint", lambda: committed(client, run_id), timeout_s=120)[0]
+    wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
+
     version, name = next((v, n) for v, n, _ in postgres._clusters())
     pg = ["pg_ctlcluster", "--skip-systemctl-redirect", version, name]
     subprocess.run([*pg, "stop", "-m", "fast"], check=True)
@@ -53,14 +43,7 @@ def test_postgres_restarted_while_a_run_trains(
     finally:
         subprocess.run([*pg, "start"], check=True)
     wait_for("the API back", service.healthy, timeout_s=30)
-    finished_once(client, run_id, str(slurm_cluster.slurm_conf))
 
-
-def test_slurmctld_killed_and_restarted_while_a_run_trains(
-    service: ServiceProcess, agents: Agents, slurm_cluster: DevCluster
-) -> None:
-    client, conf = service.client(), str(slurm_cluster.slurm_conf)
-    run_id = train_past_a_commit(client, "slurmctld-restart")
     table = slurm_cluster.table.load()
     subprocess.run(["kill", "-9", str(table["slurmctld"].pid)], check=True)
     try:
@@ -70,4 +53,20 @@ def test_slurmctld_killed_and_restarted_while_a_run_trains(
         assert (client.get_run(run_id)["last_step"] or 0) > step_before
     finally:
         cluster.up(cluster=slurm_cluster, with_service=False, say=lambda _: None)
-    finished_once(client, run_id, conf)
+
+    assert client.get_run(run_id)["state"] == "RUNNING", "the outages outlasted the run"
+    service.stop()
+    assert not service.healthy()
+    service.start()
+
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=240
+    )
+    final = client.get_run(run_id)
+    assert len(final["attempts"]) == 1, "no attempt was submitted twice"
+    assert final["num_restarts"] == 0
+    named = f"JobName=runyard-{TEST_DATABASE}-r{run_id}-"
+    jobs = [line for line in slurm("scontrol", "show", "job", "-o", conf=conf).splitlines()]
+    assert sum(named in line for line in jobs) == 1, "Slurm saw one job for the run"
+    reported = sorted({m["step"] for m in client.run_metrics(run_id, after_step=-1)})
+    assert reported == list(range(1, steps + 1))

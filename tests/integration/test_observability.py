@@ -29,7 +29,7 @@ from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
 pytestmark = pytest.mark.integration
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
-STEP = re.compile(r"step (\d+)/300")
+STEP = re.compile(r"step (\d+)/200")
 RUNYARD = Path(sys.executable).parent / "runyard"  # the installed CLI, as people run it
 PHASES = ("detect", "drain", "stop", "resubmit", "start", "first_step", "total")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -98,7 +98,7 @@ def observed(
     client = service.client()
     client.set_spares(1)
     wait_for("a spare in the pool", lambda: client.get_spares()["members"])
-    run_id = client.submit_run(tiny_spec("observed", steps=300))["id"]
+    run_id = client.submit_run(tiny_spec("observed", steps=200))["id"]
     env = {**os.environ, "RUNYARD_URL": service.url, "RUNYARD_TOKEN": service.admin_token}
     runyard = [str(RUNYARD)]
     watch = Terminal([*runyard, "run", "watch", str(run_id), "--interval-s", "0.5"], env)
@@ -175,7 +175,7 @@ def test_watch_shows_the_bar_move_and_the_failure(observed: Observed) -> None:
     assert "ETA" in observed.early.text and "MFU" in observed.early.text
     assert "attempt 1 RUNNING" in observed.early.text
     assert observed.failed_node in observed.failure.text
-    assert "step 300/300" in observed.final_screen and "SUCCEEDED" in observed.final_screen
+    assert "step 200/200" in observed.final_screen and "SUCCEEDED" in observed.final_screen
     assert observed.watch_exit == 0 and observed.final_state == "SUCCEEDED"
 
 
@@ -202,8 +202,8 @@ def test_logs_follow_the_run_across_attempts(observed: Observed) -> None:
     first = text.index(f"==> run {observed.run_id} attempt 1 rank 0 <==")
     second = text.index(f"==> run {observed.run_id} attempt 2 rank 0 <==")
     assert first < second
-    assert "step 1/300" in text[first:second]
-    assert "step 300/300" in text[second:]
+    assert "step 1/200" in text[first:second]
+    assert "step 200/200" in text[second:]
 
 
 def test_report_of_the_recovered_run_loads_in_chromium(

@@ -33,7 +33,7 @@ def test_prod_run_preempts_a_scavenger_run(
 ) -> None:
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(0)
-    spec = tiny_spec("scavenger", steps=240, priority="scavenger")
+    spec = tiny_spec("scavenger", steps=160, priority="scavenger")
     reference = client.submit_run({**spec, "name": "scavenger-twin"})["id"]
     wait_for("the uninterrupted twin", lambda: succeeded(client, reference), timeout_s=180)
     twin = losses(client, reference)
@@ -121,7 +121,7 @@ def test_a_run_longer_than_its_time_limit_runs_as_segments(
     service: ServiceProcess, agents: Agents
 ) -> None:
     client = service.client()
-    run_id = client.submit_run(tiny_spec("segmented", steps=260, time_limit_min=1))["id"]
+    run_id = client.submit_run(tiny_spec("segmented", steps=200, time_limit_min=1))["id"]
     wait_for("the run to finish", lambda: succeeded(client, run_id), timeout_s=240)
     final = client.get_run(run_id)
     stopped = [a for a in final["attempts"] if a["state"] == "STOPPED"]
@@ -133,7 +133,7 @@ def test_a_run_longer_than_its_time_limit_runs_as_segments(
             before["resume_step"] or 0
         )
     steps = sorted({m["step"] for m in client.run_metrics(run_id)})
-    assert steps == list(range(1, 261)), "every step trained exactly once across segments"
+    assert steps == list(range(1, 201)), "every step trained exactly once across segments"
     assert final["goodput"]["lost"]["segment_boundaries_s"] > 0
     kinds = [e["kind"] for e in client.run_events(run_id)]
     # The last segment may be asked to stop as it finishes its final step: it then succeeds.

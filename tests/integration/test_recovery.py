@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 
@@ -27,7 +29,7 @@ def test_xid_79_drains_the_node_and_the_spare_takes_over(
 ) -> None:
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
     spare = client.get_spares()["members"][0]
-    run = client.submit_run(tiny_spec("xid-79", steps=400))
+    run = client.submit_run(tiny_spec("xid-79", steps=200))
     run_id = run["id"]
     first_commit = wait_for("a committed checkpoint", lambda: committed(client, run_id))[0]
     wait_for(
@@ -129,7 +131,7 @@ def test_stopped_rank_is_a_hang_and_is_restarted_without_draining(
     from client.devcluster.faults import rank_pids
 
     client = service.client()
-    run_id = client.submit_run(tiny_spec("sigstop", steps=300))["id"]
+    run_id = client.submit_run(tiny_spec("sigstop", steps=120))["id"]
     training_past_a_commit(client, run_id)
     first = client.get_run(run_id)["attempts"][0]
     pids = wait_for("the ranks", lambda: rank_pids(service.url, first["id"]))
@@ -148,28 +150,73 @@ def test_stopped_rank_is_a_hang_and_is_restarted_without_draining(
     )
 
 
-def test_killed_rank_restarts_without_draining(service: ServiceProcess, agents: Agents) -> None:
-    from client.devcluster.faults import kill_rank, rank_pids
+def losses(client: RunyardClient, run_id: int, attempt_id: int) -> dict[int, float]:
+    metrics = client.run_metrics(run_id, after_step=-1)
+    return {m["step"]: m["loss"] for m in metrics if m["attempt_id"] == attempt_id}
+
+
+def test_killed_rank_restarts_from_the_last_commit_without_draining(
+    service: ServiceProcess, agents: Agents
+) -> None:
+    """A rank dies (SIGKILL), its node stays healthy: a software failure. The run restarts
+    on the same nodes from its newest commit, and the steps trained twice give the same
+    losses."""
+    from client.devcluster.faults import rank_pids
 
     client = service.client()
-    run_id = client.submit_run(tiny_spec("sigkill-rank", steps=200))["id"]
-    training_past_a_commit(client, run_id)
+    run_id = client.submit_run(tiny_spec("sigkill-rank", steps=160))["id"]
+    first_commit = wait_for("a committed checkpoint", lambda: committed(client, run_id))[0]
     first = client.get_run(run_id)["attempts"][0]
-    kill_rank(wait_for("the ranks", lambda: rank_pids(service.url, first["id"]))[-1])
+    pids = wait_for("the rank processes", lambda: rank_pids(service.url, first["id"]))
+    assert len(pids) == 2
+
+    # Kill once attempt 1 has reported steps past a commit, so the steps after it are
+    # trained twice and their losses can be compared. Ranks report in windows of about two
+    # seconds of steps, so "reported past the commit" is checked with a rank frozen
+    # (SIGSTOP): its peer then waits in a collective, and neither can report or commit more
+    # while the test looks.
+    def frozen_past_a_commit() -> bool:
+        os.kill(pids[-1], signal.SIGSTOP)
+        time.sleep(1.0)  # reports already on their way land
+        reported = max(losses(client, run_id, first["id"]), default=0)
+        if reported > max(committed(client, run_id)):
+            return True
+        os.kill(pids[-1], signal.SIGCONT)
+        return False
+
+    wait_for("attempt 1 frozen past its newest commit", frozen_past_a_commit, interval_s=0.5)
+    os.kill(pids[-1], signal.SIGKILL)
+
+    second = wait_for("attempt 2", lambda: running_attempt(client, run_id, 2), timeout_s=90)
+    assert sorted(second["nodes"]) == sorted(first["nodes"]), "a rank's death keeps the nodes"
+    resume = second["resume_step"]
+    assert resume is not None and resume >= first_commit
     wait_for(
         "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
     )
     final = client.get_run(run_id)
+    failed = final["attempts"][0]
+    assert failed["state"] == "FAILED" and failed["end_reason"]
     assert final["num_restarts"] == 1 and final["num_hardware_restarts"] == 0
     assert all(client.get_node(n)["state"] == "HEALTHY" for n in first["nodes"])
     assert not [i for i in client.list_incidents() if i["run_id"] == run_id]
+
+    before, after = losses(client, run_id, first["id"]), losses(client, run_id, second["id"])
+    assert min(after) == resume + 1, "attempt 2 must continue right after the committed step"
+    overlap = sorted(set(before) & set(after))
+    assert overlap, (
+        "attempt 1 must have trained past the checkpoint attempt 2 resumed from: "
+        f"attempt 1 reported steps {sorted(before)[-5:]}, attempt 2 resumed at {resume}"
+    )
+    for step in overlap:
+        assert after[step] == pytest.approx(before[step], rel=1e-4), f"loss differs at {step}"
 
 
 def test_service_killed_mid_recovery_finishes_it_once(
     service: ServiceProcess, spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
-    run_id = client.submit_run(tiny_spec("service-dies-mid-recovery", steps=400))["id"]
+    run_id = client.submit_run(tiny_spec("service-dies-mid-recovery", steps=300))["id"]
     training_past_a_commit(client, run_id)
     bad = client.get_run(run_id)["nodes"][1]
 
@@ -209,7 +256,7 @@ def test_without_a_spare_the_run_waits_and_keeps_its_nodes(
     """No spare and a full cluster: the run waits, and a pending job cannot take its node."""
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(0)
-    run_id = client.submit_run(tiny_spec("no-spare", steps=400))["id"]
+    run_id = client.submit_run(tiny_spec("no-spare", steps=250))["id"]
     training_past_a_commit(client, run_id)
     healthy, bad = client.get_run(run_id)["nodes"]
     free = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())

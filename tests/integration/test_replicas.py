@@ -124,7 +124,7 @@ def test_leader_killed_mid_recovery_the_other_replica_finishes_it(
     assert leads(replicas.a) and not leads(replicas.b), "one reconciler leads"
     client.set_spares(1)
     spare = wait_for("a spare in the pool", lambda: client.get_spares()["members"])[0]
-    run_id = client.submit_run(tiny_spec("replica-failover", steps=300))["id"]
+    run_id = client.submit_run(tiny_spec("replica-failover", steps=200))["id"]
     first = wait_for("a committed checkpoint", lambda: committed(client, run_id), timeout_s=120)[0]
     wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
     placed = client.get_run(run_id)["nodes"]

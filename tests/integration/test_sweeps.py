@@ -115,7 +115,7 @@ def test_a_sweep_run_whose_node_fails_moves_to_a_spare(
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
     spare = client.get_spares()["members"][0]
     sweep = client.submit_sweep(
-        sweep_spec("sweep-xid", {"seed": [1, 2]}, max_parallel=2, steps=300)
+        sweep_spec("sweep-xid", {"seed": [1, 2]}, max_parallel=2, steps=200)
     )
     queued(client, sweep["id"])
     victim, other = (r["id"] for r in client.get_sweep(sweep["id"])["runs"])
