@@ -22,6 +22,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.attention.bias import causal_lower_right
 
 from worker.model import Transformer, repeat_kv
 
@@ -65,10 +66,6 @@ class GatheredKVAttention:
         # Causal with the diagonal at the bottom right: query j of a chunk sees keys up to
         # (visible - chunk + j). On GPUs this keeps SDPA on its fused kernels. Made once
         # here: creating the mask inside a checkpointed block trips selective recompute.
-        # Imported here, by cp runs only: it pulls in torch._dynamo, about 0.6 s of CPU at
-        # every rank's start.
-        from torch.nn.attention.bias import causal_lower_right
-
         self.masks = [
             causal_lower_right(self.chunk, (chunk_id + 1) * self.chunk)
             for chunk_id in rank_chunks(self.cp, self.cp_rank)

@@ -27,6 +27,7 @@ from worker.parallel.context_parallel import apply_context_parallel
 from worker.parallel.data_parallel import apply_data_parallel
 from worker.parallel.float8 import apply_float8, check_fp8_hardware
 from worker.parallel.parallel_dims import ParallelDims
+from worker.parallel.pipeline import build_schedule, split_model
 from worker.parallel.tensor_parallel import apply_tensor_parallel
 
 if TYPE_CHECKING:
@@ -89,10 +90,6 @@ def build_training_model(
 ) -> TrainingModel:
     """Build, parallelise and initialise this rank's part of the model (dims' meshes built)."""
     layout = config.layout
-    # Pipelining is imported only by a run that pipelines: it pulls in torch._dynamo, about
-    # 2 s of every rank's start-up, which a replacement group or a restart waits for.
-    from worker.parallel.pipeline import build_schedule, split_model
-
     with torch.device("meta"):
         whole = Transformer(config.model, max_seq_len=config.seq_len)
     pp_rank = dims.mesh("pp").get_local_rank()
