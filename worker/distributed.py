@@ -88,6 +88,11 @@ def slurm_node_addr(node: str) -> str:
     return parse_node_addr(result.stdout)
 
 
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """This process's node, as Slurm names it (the host name outside Slurm)."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def read_launch_env(environ: Mapping[str, str] = os.environ) -> LaunchEnv:
     """Work out the launcher and this process's place from the environment.
 
@@ -95,7 +100,7 @@ def read_launch_env(environ: Mapping[str, str] = os.environ) -> LaunchEnv:
     rendezvous: a batch script can resolve it once per job instead of every task asking
     slurmctld (thousands of `scontrol show node` calls at scale).
     """
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = node_name(environ)
     if all(
         k in environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     ):

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.process_group import ProcessGroupWrapper
 
@@ -46,6 +45,7 @@ from worker.faults import maybe_crash
 from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 from worker.reporter import Reporter
+from worker.shards import local_shard
 from worker.step import ReportWindow, build_optimizer, next_token_loss
 from worker.train import (
     MAX_STEPS_PER_REPORT,
@@ -160,16 +160,12 @@ def _forward_backward_shares(
     return total
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _sum_across_groups(manager: Manager, grads: list[torch.Tensor], loss_sum: torch.Tensor) -> None:
     """Sum the gradients and the loss over the groups in the quorum, in place. A failure is
     recorded by the manager (should_commit then says no), never raised. The collectives'
     handles live and die in this frame: a handle keeps the group's sockets open, and
     drop_cross_group_links needs them closed."""
-    works = [manager.allreduce(_local(g), reduce_op=dist.ReduceOp.SUM) for g in grads]
+    works = [manager.allreduce(local_shard(g), reduce_op=dist.ReduceOp.SUM) for g in grads]
     works.append(manager.allreduce(loss_sum, reduce_op=dist.ReduceOp.SUM))
     for work in works:
         work.wait()
@@ -255,7 +251,7 @@ def replica_loop(
             _sum_across_groups(manager, [p.grad for p in params if p.grad is not None], loss_sum)
             for p in params:
                 if p.grad is not None:
-                    _local(p.grad).div_(ft.groups)  # the mean over every share's rows
+                    local_shard(p.grad).div_(ft.groups)  # the mean over every share's rows
             grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
             # sync (groups): every group votes; one failed collective anywhere and no
             # group applies this step, they all compute it again with the next quorum.

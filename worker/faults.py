@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from worker.shards import INT_VIEWS, local_shard
+
 # fault -> the point of the step where it fires
 FAULTS = {
     "after_step": "after_step",
@@ -148,15 +150,11 @@ def flip_param(step: int, rank: int, parameters: Iterable[torch.Tensor]) -> bool
     True if it flipped one."""
     if not _firing("after_update", step, rank):
         return False
-    first = next(iter(parameters))
-    local = first.to_local() if hasattr(first, "to_local") else first
-    # (integer view, mantissa bit): bit 10 of a float32's 23, bit 3 of a bfloat16's 7.
-    as_int = {
-        torch.float32: (torch.int32, 10),
-        torch.bfloat16: (torch.int16, 3),
-        torch.float16: (torch.int16, 3),
-    }
-    view, bit = as_int.get(local.dtype, (torch.int64, 40))
+    local = local_shard(next(iter(parameters)))
+    # The SDC check's own integer view of the value; the mantissa bit by its width: bit 10
+    # of a float32's 23, bit 3 of a bfloat16's 7 (a float16's 10), bit 40 of a float64's 52.
+    view = INT_VIEWS.get(local.dtype, torch.int64)
+    bit = {torch.int32: 10, torch.int16: 3}.get(view, 40)
     with torch.no_grad():
         bits = local.view(-1)[:1].view(view)
         bits ^= 1 << bit

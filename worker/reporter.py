@@ -84,6 +84,22 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
         raise DoNotRetryError(f"invalid config from {url}: {exc}") from exc
 
 
+def error_body(
+    rank: int, node: str, kind: str, message: str, step: int | None, **extra: Any
+) -> dict[str, Any]:
+    """The body of POST .../errors (service/workers/schemas.py ErrorReport), with the
+    service's length limits applied."""
+    body: dict[str, Any] = {
+        "rank": rank,
+        "node": node[:64],
+        "kind": kind,
+        "message": message[:4000],
+    }
+    if step is not None:
+        body["step"] = step
+    return body | extra
+
+
 def post_error(
     service_url: str,
     attempt_id: int,
@@ -97,14 +113,7 @@ def post_error(
     """Tell the service why this rank is about to exit (any rank; bounded: it is dying).
     `step`: the step it failed at, if known (the service compares repeat failures by it)."""
     url = f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}/errors"
-    body: dict[str, Any] = {
-        "rank": rank,
-        "node": node[:64],
-        "kind": kind,
-        "message": message[:4000],
-    }
-    if step is not None:
-        body["step"] = step
+    body = error_body(rank, node, kind, message, step)
     retrying = Retrying(
         retry=retry_if_exception(_is_retryable),
         stop=stop_after_delay(ERROR_REPORT_RETRY_S),
@@ -270,15 +279,9 @@ class HttpReporter(Reporter):
     def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
         # Read when the job ends (service/runs/sdc.py) and drains `nodes` at once.
         self._drain(timeout_s=WRITING_RETRY_S)
-        body: dict[str, Any] = {
-            "rank": self.rank,
-            "node": self.node[:64],
-            "kind": "worker:sdc",
-            "message": message[:4000],
-            "step": step,
-            "nodes": nodes,
-            "clean_step": clean_step,
-        }
+        body = error_body(
+            self.rank, self.node, "worker:sdc", message, step, nodes=nodes, clean_step=clean_step
+        )
         self._post_with_retry("/errors", body)
 
     def pending(self) -> int:
@@ -394,13 +397,9 @@ class HttpReporter(Reporter):
         # The service's errors endpoint, kind worker:anomaly: read when the job ends
         # (service/runs/rollback.py), so it is delivered, within a bound, before the exit.
         self._drain(timeout_s=WRITING_RETRY_S)  # the timeline shows the steps up to it
-        body = {
-            "rank": self.rank,
-            "node": self.node[:64],
-            "kind": "worker:anomaly",
-            "message": f"{kind} {figure}: {message}"[:4000],
-            "step": step,
-        }
+        body = error_body(
+            self.rank, self.node, "worker:anomaly", f"{kind} {figure}: {message}", step
+        )
         self._post_with_retry("/errors", body)
 
     def _drain(self, timeout_s: float) -> None:

@@ -26,14 +26,7 @@ import torch
 import torch.distributed as dist
 
 from worker.parallel import ParallelDims
-
-# Raw-bit views by float type: the sum is of these integers, widened to int64.
-_BITS = {
-    torch.float32: torch.int32,
-    torch.bfloat16: torch.int16,
-    torch.float16: torch.int16,
-    torch.float64: torch.int64,
-}
+from worker.shards import INT_VIEWS, local_shard
 
 
 class SilentDataCorruptionError(RuntimeError):
@@ -64,8 +57,8 @@ def param_checksum(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     """The int64 sum of the bit patterns of this rank's parameter shards (on the device)."""
     total: torch.Tensor | None = None
     for p in parameters:
-        local = p.to_local() if hasattr(p, "to_local") else p
-        bits = local.detach().contiguous().view(_BITS.get(local.dtype, torch.int64))
+        local = local_shard(p)
+        bits = local.detach().contiguous().view(INT_VIEWS.get(local.dtype, torch.int64))
         part = bits.to(torch.int64).sum()
         total = part if total is None else total + part
     assert total is not None, "a rank with no parameters"

@@ -15,8 +15,6 @@ service applies the rule (service/nodes/stragglers.py).
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 
 import torch
@@ -77,8 +75,3 @@ def node_update_s(rank_update_s: list[float], nodes: list[str]) -> dict[str, flo
     for seconds, node in zip(rank_update_s, nodes, strict=True):
         slowest[node] = max(slowest.get(node, 0.0), seconds)
     return slowest
-
-
-def this_node() -> str:
-    """This rank's node, as Slurm names it (the host name outside Slurm)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

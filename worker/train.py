@@ -33,6 +33,7 @@ from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
     init_distributed,
+    node_name,
     pick_device,
     read_launch_env,
     shutdown_distributed,
@@ -42,7 +43,7 @@ from worker.evaluate import Evaluator
 from worker.parallel import ParallelDims, build_training_model, check_supported
 from worker.reporter import FileReporter, Reporter
 from worker.step import ReportWindow, WindowReport, build_optimizer, next_token_loss, train_step
-from worker.stragglers import UpdateTimer, node_update_s, rank_nodes, this_node
+from worker.stragglers import UpdateTimer, node_update_s, rank_nodes
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
 # At most this many steps between two reports: bounds the device values a window holds
@@ -215,7 +216,7 @@ def train_loop(
     detector = SpikeDetector(config.spike, config.warmup_steps)
     # Slow nodes: every rank times its update (its own work, no collective in it); the
     # reports carry every rank's mean, and rank 0 sends each node's slowest.
-    update_timer, nodes = UpdateTimer(device), rank_nodes(this_node())
+    update_timer, nodes = UpdateTimer(device), rank_nodes(node_name())
     # Silent data corruption: replicas compare a parameter checksum every sdc_check_every
     # steps (only layouts whose dp peers hold equal copies).
     parameters = [p for part in model.parts for p in part.parameters()]
