@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Attempt, RunEvent
+from service.models import Attempt
+from service.runs import repository
 
 # The worker's kinds that carry a signature (service/workers/schemas.py ErrorReport).
 EXCEPTION = "worker:exception"
@@ -44,17 +45,13 @@ class Signature:
 def signature(session: Session, attempt: Attempt) -> Signature | None:
     """What `attempt` failed with, from its ranks' reports: the earliest step any rank
     reported (a rank that failed later only followed it); None without such a report."""
-    reports = session.scalars(
-        select(RunEvent.data).where(
-            RunEvent.attempt_id == attempt.id, RunEvent.kind == "worker.error"
-        )
-    ).all()
+    reports = repository.worker_error_reports(session, attempt.id, [EXCEPTION, CHECKPOINT_LOAD])
     found = [
         Signature(
             r["kind"], r["step"], _NUMBERS.sub("#", r.get("message", "")), r.get("message", "")
         )
         for r in reports
-        if r.get("kind") in (EXCEPTION, CHECKPOINT_LOAD) and r.get("step") is not None
+        if r.get("step") is not None
     ]
     return min(found, key=lambda s: (s.step, s.kind, s.text)) if found else None
 

@@ -52,24 +52,16 @@ def on_flagged(
             "step": step,
             "policy": settings.slow_node_policy.value,
         }
+        move = False
         if settings.slow_node_policy == SlowNodePolicy.FLAG:
-            record_event(session, run, "recovery.slow_node", f"{text} (policy flag)", attempt, data)
-            return
-        why_not = _cannot_move(session, run, attempt)
-        if why_not:
-            record_event(
-                session, run, "recovery.slow_node", f"{text}; not moved: {why_not}", attempt, data
-            )
-            return
-        record_event(
-            session,
-            run,
-            "recovery.slow_node",
-            f"{text}; moving to a spare: checkpoint at the next report, then resume",
-            attempt,
-            data,
-        )
-        preemption.request_stop(session, run, attempt, StopReason.SLOW_NODE)
+            outcome = " (policy flag)"
+        elif why_not := _cannot_move(session, run, attempt):
+            outcome = f"; not moved: {why_not}"
+        else:
+            outcome, move = "; moving to a spare: checkpoint at the next report, then resume", True
+        record_event(session, run, "recovery.slow_node", text + outcome, attempt, data)
+        if move:
+            preemption.request_stop(session, run, attempt, StopReason.SLOW_NODE)
 
     return act
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
@@ -129,6 +130,19 @@ def events(session: Session, run_id: int, after_id: int, limit: int) -> Sequence
         .limit(limit)
     )
     return session.scalars(stmt).all()
+
+
+def worker_error_reports(
+    session: Session, attempt_id: int, kinds: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The error reports of those kinds (`worker:anomaly`, ...) that `attempt_id`'s ranks
+    sent (POST .../errors, kept as `worker.error` events), oldest first."""
+    reports = session.scalars(
+        select(RunEvent.data)
+        .where(RunEvent.attempt_id == attempt_id, RunEvent.kind == "worker.error")
+        .order_by(RunEvent.id)
+    ).all()
+    return [r for r in reports if r and r.get("kind") in kinds]
 
 
 def metrics(session: Session, run_id: int, after_step: int, limit: int) -> Sequence[Metric]:

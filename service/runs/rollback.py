@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract import StopReason
 from contract.run_config import DataSkip, SpikeRule
-from service.models import Attempt, Run, RunEvent
+from service.models import Attempt, Run
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.schemas import RunSpec
@@ -60,12 +59,8 @@ def spike_rule(run: Run) -> SpikeRule:
 
 def anomaly_of(session: Session, attempt: Attempt) -> dict[str, Any] | None:
     """The earliest anomaly `attempt`'s worker reported, if any (its ErrorReport)."""
-    reports = session.scalars(
-        select(RunEvent.data).where(
-            RunEvent.attempt_id == attempt.id, RunEvent.kind == "worker.error"
-        )
-    ).all()
-    found = [r for r in reports if r and r.get("kind") == ANOMALY and r.get("step") is not None]
+    reports = repository.worker_error_reports(session, attempt.id, [ANOMALY])
+    found = [r for r in reports if r.get("step") is not None]
     return min(found, key=lambda r: r["step"]) if found else None
 
 

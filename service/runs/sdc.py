@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.models import Attempt, CheckpointState, RecoveryAction, Run, RunEvent
+from service.models import Attempt, CheckpointState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
 from service.runs import repository
@@ -64,12 +63,8 @@ def record_report(session: Session, run: Run, attempt: Attempt, report: ErrorRep
 
 def report_of(session: Session, attempt: Attempt) -> dict[str, Any] | None:
     """The `worker:sdc` report of `attempt`, if its worker sent one."""
-    reports = session.scalars(
-        select(RunEvent.data).where(
-            RunEvent.attempt_id == attempt.id, RunEvent.kind == "worker.error"
-        )
-    ).all()
-    return next((r for r in reports if r and r.get("kind") == REPORT), None)
+    reports = repository.worker_error_reports(session, attempt.id, [REPORT])
+    return reports[0] if reports else None
 
 
 def decide(

@@ -155,6 +155,31 @@ def service(
     clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{TEST_DATABASE}")
 
 
+def inject_faults(*faults: str) -> None:
+    """Add worker fault hooks (worker/faults.py; name each's run) for the session's service.
+
+    Call at a test module's import: the service's Slurm jobs inherit its environment, and
+    the session's service starts after collection, so the hooks reach the workers whichever
+    test starts it."""
+    current = os.environ.get("RUNYARD_FAULT")
+    os.environ["RUNYARD_FAULT"] = ",".join(f for f in (current, *faults) if f)
+
+
+def ended(client: RunyardClient, run_id: int) -> dict[str, Any] | None:
+    """The run, once it has ended (SUCCEEDED, FAILED or CANCELLED); None before."""
+    run = client.get_run(run_id)
+    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+
+def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) -> dict[int, float]:
+    """Step -> reported loss of the run (of one of its attempts, if given)."""
+    return {
+        m["step"]: m["loss"]
+        for m in client.run_metrics(run_id)
+        if attempt_id is None or m["attempt_id"] == attempt_id
+    }
+
+
 def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,

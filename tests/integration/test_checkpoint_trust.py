@@ -4,12 +4,10 @@ own hooks (worker/faults.py), named per run so no other test's run sees them."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, ended, inject_faults, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -22,18 +20,11 @@ FAULTS = (
     f"before_commit:30:0:1@{CORRUPT_RUN}",
     f"raise_after_step:15:*@{LOOP_RUN}",
 )
-# The service's Slurm jobs inherit its environment, and the session's service is started
-# after collection: set here, at import, it reaches the workers whichever test starts it.
-os.environ["RUNYARD_FAULT"] = ",".join(f for f in (os.environ.get("RUNYARD_FAULT"), *FAULTS) if f)
+inject_faults(*FAULTS)
 
 
 def spec(name: str, **overrides: object) -> dict:
     return tiny_spec(name, steps=30, checkpoint_every=10, keep_checkpoints=2, **overrides)
-
-
-def ended(client, run_id: int) -> dict | None:  # type: ignore[no-untyped-def]
-    run = client.get_run(run_id)
-    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
 
 @pytest.mark.timeout(240)

@@ -9,17 +9,9 @@ import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, losses, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
-
-
-def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) -> dict[int, float]:
-    return {
-        m["step"]: m["loss"]
-        for m in client.run_metrics(run_id)
-        if attempt_id is None or m["attempt_id"] == attempt_id
-    }
 
 
 def succeeded(client: RunyardClient, run_id: int) -> bool:

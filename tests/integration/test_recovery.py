@@ -15,6 +15,7 @@ from tests.integration.conftest import (
     ServiceProcess,
     committed,
     drain_reason,
+    losses,
     slurm,
     tiny_spec,
 )
@@ -148,11 +149,6 @@ def test_stopped_rank_is_a_hang_and_is_restarted_without_draining(
     wait_for(
         "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=180
     )
-
-
-def losses(client: RunyardClient, run_id: int, attempt_id: int) -> dict[int, float]:
-    metrics = client.run_metrics(run_id, after_step=-1)
-    return {m["step"]: m["loss"] for m in metrics if m["attempt_id"] == attempt_id}
 
 
 def test_killed_rank_restarts_from_the_last_commit_without_draining(

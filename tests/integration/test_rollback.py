@@ -14,19 +14,13 @@ import pytest
 
 from contract import WorkerRunConfig
 from tests.conftest import wait_for
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, ended, inject_faults, tiny_spec
 
 pytestmark = pytest.mark.integration
 
 NAN_RUN = "nan-rollback"
 FAULTS = (f"nan_at_step:13:*:1@{NAN_RUN}",)  # attempt 1 only
-# The service's Slurm jobs inherit its environment (see test_checkpoint_trust.py).
-os.environ["RUNYARD_FAULT"] = ",".join(f for f in (os.environ.get("RUNYARD_FAULT"), *FAULTS) if f)
-
-
-def ended(client, run_id: int) -> dict | None:  # type: ignore[no-untyped-def]
-    run = client.get_run(run_id)
-    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+inject_faults(*FAULTS)
 
 
 def reference_losses(run: dict, tmp_path: Path, skips: list[dict]) -> dict[int, float]:

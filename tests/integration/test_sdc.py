@@ -7,25 +7,17 @@ spare and finishes, no restart of max_restarts used."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import wait_for
-from tests.integration.conftest import drain_reason, tiny_spec
+from tests.integration.conftest import drain_reason, ended, inject_faults, tiny_spec
 
 pytestmark = pytest.mark.integration
 
 SDC_RUN = "sdc-flip"
 FAULTS = (f"flip_param:12:1:1@{SDC_RUN}",)  # rank 1, attempt 1 only
-# The service's Slurm jobs inherit its environment (see test_checkpoint_trust.py).
-os.environ["RUNYARD_FAULT"] = ",".join(f for f in (os.environ.get("RUNYARD_FAULT"), *FAULTS) if f)
-
-
-def ended(client: RunyardClient, run_id: int) -> dict | None:  # type: ignore[type-arg]
-    run = client.get_run(run_id)
-    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+inject_faults(*FAULTS)
 
 
 @pytest.mark.timeout(240)

@@ -7,14 +7,12 @@ place; the run finishes with no restart counted, hardware or not."""
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import wait_for
-from tests.integration.conftest import ServiceProcess, drain_reason, tiny_spec
+from tests.integration.conftest import ServiceProcess, drain_reason, ended, inject_faults, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +22,7 @@ SLOW_RUN = "slow-node"
 # every report_interval_s (2 s), about 5 slowed steps of ~0.35 s: by step 20 + 4 x 5 = 40.
 SLOW_FROM, FLAG_WITHIN_STEPS = 4, 40
 FAULTS = (f"slow_step:{SLOW_FROM}:1:1@{SLOW_RUN}",)  # rank 1, attempt 1 only
-# The service's Slurm jobs inherit its environment (see test_checkpoint_trust.py).
-os.environ["RUNYARD_FAULT"] = ",".join(f for f in (os.environ.get("RUNYARD_FAULT"), *FAULTS) if f)
-
-
-def ended(client: RunyardClient, run_id: int) -> dict | None:  # type: ignore[type-arg]
-    run = client.get_run(run_id)
-    return run if run["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+inject_faults(*FAULTS)
 
 
 @pytest.mark.timeout(240)
