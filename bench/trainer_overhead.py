@@ -78,6 +78,7 @@ class PlainLoop:
             lr=config.lr,
             betas=(0.9, 0.95),
             weight_decay=config.weight_decay,
+            foreach=True,  # as ours, and as torch's own default on a GPU
         )
         self.loss = torch.zeros(())
 

@@ -98,6 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service-url", required=True)
     parser.add_argument("--attempt-id", type=int, required=True)
     args = parser.parse_args(argv)
+    from worker.imports import import_long_lived
+
+    # Every attempt trains through torch (a user's entrypoint script too: read_launch_env);
+    # torch._dynamo comes with the first optimizer anyway.
+    import_long_lived("torch", "torch._dynamo", "torch.distributed", "worker.distributed")
     run_attempt(args.service_url, args.attempt_id)
 
 

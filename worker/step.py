@@ -47,6 +47,9 @@ def build_optimizer(part: torch.nn.Module, config: WorkerRunConfig) -> torch.opt
         ],
         lr=config.lr,
         betas=(0.9, 0.95),
+        # One multi-tensor kernel per update, as torch chooses by itself on a GPU; on a CPU
+        # it would loop over the parameters in Python (half the update time of a small model).
+        foreach=True,
     )
 
 
