@@ -8,6 +8,7 @@ ends in SilentDataCorruptionError writes "<metrics>.sdc.<rank>" on every rank th
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -39,4 +40,5 @@ def run(plan: dict) -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made lives as long as the process (worker/imports.py)
     run(json.loads(Path(sys.argv[1]).read_text()))

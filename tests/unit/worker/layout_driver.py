@@ -11,6 +11,7 @@ run, and training ends after step N + 1 (with a checkpoint, as on a cancel).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -59,5 +60,6 @@ def run(plan: dict) -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made lives as long as the process (worker/imports.py)
     torch.set_num_threads(1)
     run(json.loads(Path(sys.argv[1]).read_text()))

@@ -10,6 +10,7 @@ still training when its peer's replacement arrives, however fast this machine is
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from worker.fault_tolerance import train_replica_group
 from worker.reporter import FileReporter
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made lives as long as the process (worker/imports.py)
     torch.set_num_threads(1)
     config = WorkerRunConfig.model_validate(json.loads(Path(sys.argv[1]).read_text()))
     delay = float(os.environ.get("REPLICA_STEP_DELAY_S", "0"))
