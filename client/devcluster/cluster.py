@@ -461,6 +461,25 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
     return stopped
 
 
+def stop_control_plane(cluster: DevCluster) -> bool:
+    """Stop the dev cluster's service and agents, leaving Slurm running; True if they ran.
+
+    For the test suite, which drives this Slurm cluster with a service and agents of its
+    own: the idle ones here would reconcile the same cluster meanwhile (about a tenth of a
+    core on a two-core machine). A dev cluster with service replicas behind a proxy is left
+    as it is, since `up` with the defaults would not bring that shape back.
+    """
+    table = cluster.table.load()
+    names = [n for n in table if n.startswith(("service", "proxy", "agent:"))]
+    if any(n.startswith(("service:", "proxy")) for n in names):
+        return False
+    stopped = [name for name in sorted(names) if stop(table[name])]
+    for name in names:
+        del table[name]
+    cluster.table.save(table)
+    return "service" in stopped
+
+
 def status(cluster: DevCluster | None = None) -> dict[str, dict[str, object]]:
     """Each process `up` started, with whether it still runs."""
     cluster = cluster or DevCluster(default_state_dir())

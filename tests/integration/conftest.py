@@ -36,12 +36,18 @@ def slurm(*args: str, conf: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> DevCluster:
-    """The dev cluster's Slurm part (started if it is not up; left running afterwards)."""
+def slurm_cluster() -> Iterator[DevCluster]:
+    """The dev cluster's Slurm part (started if it is not up; left running afterwards).
+
+    Its own service and agents, if `dev up` started them, are stopped for the session and
+    started again after it: the tests bring their own."""
     dev = DevCluster(cluster.default_state_dir())
     cluster.up(cluster=dev, with_service=False, say=lambda _: None)
     clean_up_test_leftovers(dev)
-    return dev
+    paused = cluster.stop_control_plane(dev)
+    yield dev
+    if paused:
+        cluster.up(cluster=dev, say=lambda _: None)
 
 
 def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test") -> None:
