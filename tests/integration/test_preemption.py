@@ -1,5 +1,6 @@
 """A prod run takes the nodes of a scavenger run, which checkpoints, yields, and later
-resumes from that checkpoint on the same loss curve as an uninterrupted twin."""
+resumes from that checkpoint on the same loss curve as an uninterrupted twin (the prod run
+itself: the same spec at another priority)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,6 @@ def test_prod_run_preempts_a_scavenger_run(
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(0)
     spec = tiny_spec("scavenger", steps=160, priority="scavenger")
-    reference = client.submit_run({**spec, "name": "scavenger-twin"})["id"]
-    wait_for("the uninterrupted twin", lambda: succeeded(client, reference), timeout_s=180)
-    twin = losses(client, reference)
 
     # Other work holds every node but two: the scavenger run takes all the free ones.
     idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
@@ -61,7 +59,9 @@ def test_prod_run_preempts_a_scavenger_run(
             timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
         assert first
-        prod = client.submit_run(tiny_spec("prod", steps=60, priority="prod"))["id"]
+        # The prod run is the scavenger's uninterrupted twin: the same spec (seed, data,
+        # schedule) at another priority, so its losses are what the scavenger's must be.
+        prod = client.submit_run({**spec, "name": "prod", "priority": "prod"})["id"]
 
         stopped = wait_for(
             "the scavenger to yield",
@@ -92,6 +92,8 @@ def test_prod_run_preempts_a_scavenger_run(
 
         wait_for("the prod run to succeed", lambda: succeeded(client, prod), timeout_s=180)
         assert set(client.get_run(prod)["attempts"][0]["nodes"]) & set(stopped["nodes"])
+        assert len(client.get_run(prod)["attempts"]) == 1, "the twin trained uninterrupted"
+        twin = losses(client, prod)
     finally:
         slurm("scancel", blocker, conf=conf)
 
