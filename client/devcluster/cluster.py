@@ -462,7 +462,8 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
 
 
 def stop_control_plane(cluster: DevCluster) -> bool:
-    """Stop the dev cluster's service and agents, leaving Slurm running; True if they ran.
+    """Stop the dev cluster's service and agents, leaving Slurm running; True if any of
+    them ran (agents left running without their service are brought back with it too).
 
     For the test suite, which drives this Slurm cluster with a service and agents of its
     own: the idle ones here would reconcile the same cluster meanwhile (about a tenth of a
@@ -477,7 +478,7 @@ def stop_control_plane(cluster: DevCluster) -> bool:
     for name in names:
         del table[name]
     cluster.table.save(table)
-    return "service" in stopped
+    return bool(stopped)
 
 
 def status(cluster: DevCluster | None = None) -> dict[str, dict[str, object]]:
