@@ -19,6 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_DATABASE = f"runyard_test_{os.getpid()}"
 TEST_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
 
+# The environment as the session found it: what the dev cluster's own service and agents,
+# paused for the integration tests, are started again with (not the tests' settings below).
+ENVIRONMENT_AT_START = dict(os.environ)
+
 # Settings are read from the environment: point everything in-process at the test database
 # before any service module caches them.
 os.environ["RUNYARD_DATABASE_URL"] = TEST_DATABASE_URL

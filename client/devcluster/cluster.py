@@ -107,6 +107,9 @@ class DevCluster:
             "RUNYARD_SLURM_CONF": str(self.slurm_conf),
             "RUNYARD_PARTITION": PARTITION,
             "RUNYARD_ACCELERATOR": "cpu",  # the dev cluster's ranks are CPU processes
+            # Its services are the only ones acting on this cluster, whatever the shell says
+            # (the test suite turns the reconciler off in its own process).
+            "RUNYARD_RUN_RECONCILER": "true",
         }
 
 

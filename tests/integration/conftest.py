@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from client.api import RunyardClient
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster, service_argv
-from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
+from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, wait_for
 
 
 def free_port() -> int:
@@ -40,14 +41,16 @@ def slurm_cluster() -> Iterator[DevCluster]:
     """The dev cluster's Slurm part (started if it is not up; left running afterwards).
 
     Its own service and agents, if `dev up` started them, are stopped for the session and
-    started again after it: the tests bring their own."""
+    started again after it, with the environment the session started with: the tests bring
+    their own, and their settings (the reconciler off, injected faults) must not follow."""
     dev = DevCluster(cluster.default_state_dir())
     cluster.up(cluster=dev, with_service=False, say=lambda _: None)
     clean_up_test_leftovers(dev)
     paused = cluster.stop_control_plane(dev)
     yield dev
     if paused:
-        cluster.up(cluster=dev, say=lambda _: None)
+        with mock.patch.dict(os.environ, ENVIRONMENT_AT_START, clear=True):
+            cluster.up(cluster=dev, say=lambda _: None)
 
 
 def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test") -> None:

@@ -67,3 +67,17 @@ def test_accounting_adds_slurmdbd_and_points_slurm_at_it(tmp_path: Path) -> None
     without = render(ClusterShape(num_nodes=8, leaf_size=4), tmp_path)
     assert "AccountingStorageType=accounting_storage/none" in without["slurm.conf"]
     assert "slurmdbd.conf" not in without
+
+
+def test_the_dev_service_reconciles_whatever_the_callers_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test suite turns the reconciler off in its own process and restarts the dev
+    cluster's service from there: a service started with that setting would accept runs
+    and never place them."""
+    from client.devcluster.cluster import DevCluster
+
+    monkeypatch.setenv("RUNYARD_RUN_RECONCILER", "false")
+    env = DevCluster(tmp_path).service_env()
+    assert env["RUNYARD_RUN_RECONCILER"] == "true"
+    assert env["RUNYARD_DATABASE_URL"] == DevCluster(tmp_path).database_url
