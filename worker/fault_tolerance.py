@@ -29,6 +29,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from contract import ReplicaGroupConfig, WorkerRunConfig, group_layout
 from worker import checkpoint
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import LaunchEnv, init_distributed, pick_device, shutdown_distributed
-from worker.faults import maybe_crash
+from worker.faults import maybe_crash, pace
 from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 from worker.reporter import Reporter
@@ -225,6 +226,7 @@ def replica_loop(
 
     try:
         while manager.current_step() < config.steps:
+            step_started = time.monotonic()
             # sync (groups): the quorum of live groups for this step; a group that is
             # behind (a replacement) heals here from a live peer before its forward pass.
             manager.start_quorum()
@@ -298,6 +300,7 @@ def replica_loop(
                 if last:
                     committed(checkpointer.wait())
             maybe_crash("after_step", step, rank)
+            pace(step, rank, step_started)  # pace_step: the tests' floor on a step's time
             if stop:
                 stopped_early = True
                 break

@@ -1,10 +1,12 @@
 """Fault injection for recovery tests: crash, fail or corrupt at a named point of a step.
 
 RUNYARD_FAULT holds one fault or several separated by commas, each
-    <fault>:<step>[:<rank>[:<attempt>]][@<run name>]
-rank defaults to 0 ("*": every rank), attempt to every attempt, run name to every run. So
-"raise_after_step:30:*" fails every attempt of every run at step 30, and
-"corrupt_after_commit:40:0:1@ck-corrupt" corrupts only run ck-corrupt's first attempt.
+    <fault>:<step>[:<rank>[:<attempt>]][@<run name>][=<seconds>]
+rank defaults to 0 ("*": every rank), attempt to every attempt, run name to every run;
+seconds is the duration of the faults that sleep. So "raise_after_step:30:*" fails every
+attempt of every run at step 30, "corrupt_after_commit:40:0:1@ck-corrupt" corrupts only run
+ck-corrupt's first attempt, and "pace_step:1:*=0.06" makes every step of every run take at
+least 60 ms.
 Faults (and the point of the step where each fires):
   after_step            SIGKILL, like a lost node: no cleanup, no exit handler. The optimizer
                         step is done (a checkpoint due at it may still be writing: saves
@@ -23,9 +25,14 @@ Faults (and the point of the step where each fires):
   nan_at_step           the step's loss reads NaN on this rank (multiplied by NaN on the
                         device, no host sync): as a bad batch or an overflow would leave it.
                         The weights are untouched; the loop finds it at the next report.
-  slow_step             from this step on, this rank sleeps RUNYARD_FAULT_SLOW_S seconds
-                        (default 0.3) in its update, as a throttled or failing GPU would
-                        stretch it: the straggler check must flag its node.
+  slow_step             from this step on, this rank sleeps its seconds (else
+                        RUNYARD_FAULT_SLOW_S, default 0.3) in its update, as a throttled or
+                        failing GPU would stretch it: the straggler check must flag its node.
+  pace_step             from this step on, each of this rank's steps takes at least its
+                        seconds (required): the rank sleeps out the rest at the step's end,
+                        outside the timed update. Not a failure: it gives the integration
+                        tests runs whose length in seconds does not depend on how fast the
+                        machine computes, so a fault still lands while the run trains.
   flip_param            after this step's update, this rank flips a low mantissa bit of one
                         value of its parameters: its data-parallel replica silently
                         differs from the others, as a bit flip in a GPU's memory or ALU
@@ -56,9 +63,10 @@ FAULTS = {
     "nan_at_step": "step_values",
     "slow_step": "update",
     "flip_param": "after_update",
+    "pace_step": "step_end",
 }
 # Faults that fire on every step from theirs on, not only at it.
-FROM_STEP_ON = frozenset({"slow_step"})
+FROM_STEP_ON = frozenset({"slow_step", "pace_step"})
 DEFAULT_SLOW_S = 0.3
 POINTS = tuple(sorted(set(FAULTS.values())))
 
@@ -74,6 +82,7 @@ class Fault:
     rank: int | None  # None: every rank
     attempt: int | None  # None: every attempt
     run: str | None  # None: every run
+    seconds: float | None = None  # how long a fault that sleeps sleeps
 
     def fires(self, point: str, step: int, rank: int) -> bool:
         return (
@@ -96,13 +105,17 @@ def set_context(run: str, attempt: int) -> None:
 def parse(spec: str) -> list[Fault]:
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
+        item, _, seconds = item.partition("=")
         body, _, run = item.partition("@")
         name, step, *rest = body.split(":")
         if name not in FAULTS:
             raise ValueError(f"RUNYARD_FAULT fault {name!r} is not one of {tuple(FAULTS)}")
+        if name == "pace_step" and not seconds:
+            raise ValueError(f"RUNYARD_FAULT {item!r}: pace_step needs =<seconds>")
         rank = None if rest and rest[0] == "*" else int(rest[0]) if rest else 0
         attempt = int(rest[1]) if len(rest) > 1 else None
-        faults.append(Fault(name, int(step), rank, attempt, run or None))
+        duration = float(seconds) if seconds else None
+        faults.append(Fault(name, int(step), rank, attempt, run or None, duration))
     return faults
 
 
@@ -136,11 +149,25 @@ def poisoned(step: int, rank: int) -> bool:
 
 def slow_down(step: int, rank: int) -> float:
     """Sleep as slow_step says for this step and rank; how long it slept (0: no fault)."""
-    if not _firing("update", step, rank):
+    firing = _firing("update", step, rank)
+    if not firing:
         return 0.0
-    seconds = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
+    default = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
+    seconds = max(default if f.seconds is None else f.seconds for f in firing)
     time.sleep(seconds)
     return seconds
+
+
+def pace(step: int, rank: int, step_started: float) -> float:
+    """If pace_step names this step and rank: sleep until the step, begun at `step_started`
+    (time.monotonic()), has taken the longest pace named. How long it slept."""
+    firing = _firing("step_end", step, rank)
+    if not firing:
+        return 0.0
+    rest = max(f.seconds or 0.0 for f in firing) - (time.monotonic() - step_started)
+    if rest > 0:
+        time.sleep(rest)
+    return max(rest, 0.0)
 
 
 def flip_param(step: int, rank: int, parameters: Iterable[torch.Tensor]) -> bool:

@@ -13,6 +13,7 @@ import math
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -228,6 +229,7 @@ def train_loop(
         print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
 
     for step in range(trainer.step + 1, config.steps + 1):
+        step_started = time.monotonic()
         lr = lr_at(step, config)
         # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
         # queued on the device like kernels; ranks meet there, the host does not wait.
@@ -322,6 +324,7 @@ def train_loop(
             if last:  # the attempt ends here: its final checkpoint must be committed first
                 committed(checkpointer.wait())
         faults.maybe_crash("after_step", step, rank)
+        faults.pace(step, rank, step_started)  # pace_step: the tests' floor on a step's time
         if stop:
             stopped_early = True
             if is_rank0:

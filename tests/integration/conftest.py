@@ -28,6 +28,17 @@ def free_port() -> int:
 
 
 SERVICE_PORT = free_port()
+# Every step of the tests' runs takes at least this long (worker/faults.py, pace_step). The
+# tests inject a fault once a run trains and then wait for its detection, so a run must not
+# be done first; its step counts were sized at 60-80 ms a step, and on a day the same
+# machine computed a step in 35 ms three runs finished too early.
+STEP_PACE_S = 0.06
+
+
+def paced_faults() -> str:
+    """RUNYARD_FAULT for the tests' services: the faults the test modules injected, and the
+    pace for every run (a fault's own duration wins where it sleeps longer)."""
+    return ",".join(filter(None, (os.environ.get("RUNYARD_FAULT"), f"pace_step:1:*={STEP_PACE_S}")))
 
 
 def slurm(*args: str, conf: str) -> str:
@@ -156,6 +167,7 @@ def service(
         # Runs with a 1-minute time limit are stopped 45 s before it: 15 s segments.
         "RUNYARD_SEGMENT_STOP_MARGIN_S": "45",
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
+        "RUNYARD_FAULT": paced_faults(),
     }
     svc = ServiceProcess(env, state_dir / "service.log", admin_token)
     svc.start()

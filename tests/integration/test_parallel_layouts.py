@@ -84,9 +84,11 @@ def test_a_run_that_loses_a_node_without_a_spare_continues_on_fewer_ranks(
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(0)
     # Checkpoints far enough apart that the kill lands between two of them with the steps
-    # after the first already reported (rank 0 reports every report_interval_s).
-    spec = tiny_spec("shrink-fsdp", nodes=2, gpus_per_node=2, min_nodes=1, steps=400,
-                     checkpoint_every=40, parallelism={"zero_stage": 3})  # fmt: skip
+    # after the first already reported (rank 0 reports every report_interval_s): the test
+    # sees step 155 up to a report window late, then blocks the cluster and injects the Xid,
+    # whose drain takes seconds more; 145 paced steps (>= 8.7 s) leave room for all that.
+    spec = tiny_spec("shrink-fsdp", nodes=2, gpus_per_node=2, min_nodes=1, steps=300,
+                     checkpoint_every=150, parallelism={"zero_stage": 3})  # fmt: skip
     run_id = client.submit_run(spec)["id"]
     first_commit = wait_for("a committed checkpoint", lambda: committed(client, run_id))[0]
     first_attempt = client.get_run(run_id)["attempts"][0]["id"]

@@ -10,9 +10,20 @@ import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, losses, slurm, tiny_spec
+from tests.integration.conftest import (
+    Agents,
+    ServiceProcess,
+    inject_faults,
+    losses,
+    slurm,
+    tiny_spec,
+)
 
 pytestmark = pytest.mark.integration
+
+# The segmented run's 200 steps take at least 20 s, whatever the machine: more than one
+# 15 s segment (the tests' service stops a 1-minute run 45 s before its limit).
+inject_faults("pace_step:1:*@segmented=0.1")
 
 
 def succeeded(client: RunyardClient, run_id: int) -> bool:

@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     committed,
     drain_reason,
     free_port,
+    paced_faults,
     slurm,
     tiny_spec,
 )
@@ -82,6 +83,7 @@ def replicas(
         "RUNYARD_HEARTBEAT_SUSPECT_S": "4",
         "RUNYARD_HEARTBEAT_DEAD_S": "8",
         "RUNYARD_HANG_MIN_S": "15",
+        "RUNYARD_FAULT": paced_faults(),
     }
     a = ServiceProcess({**env, "RUNYARD_PORT": str(port_a)}, root / "a.log", token, port_a)
     b = ServiceProcess({**env, "RUNYARD_PORT": str(port_b)}, root / "b.log", token, port_b)
