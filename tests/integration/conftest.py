@@ -201,10 +201,17 @@ def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) ->
     }
 
 
+# The tests' runs train the "tiny" preset's shape with one block instead of two: a step
+# costs 30% less CPU (22 against 32 ms, 300-step runs on the dev cluster), and the ranks
+# share two cores with the service, the agents and Slurm. Layouts that split the blocks
+# (pipeline stages) ask for the preset itself.
+ONE_BLOCK_MODEL = {"layers": 1, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 256}
+
+
 def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
-        "model": "tiny",
+        "model": ONE_BLOCK_MODEL,
         "nodes": 2,
         "gpus_per_node": 1,
         "seq_len": 64,

@@ -56,7 +56,12 @@ def test_a_pinned_layout_trains_to_the_end(
 ) -> None:
     client = service.client()
     spec = tiny_spec(
-        f"layout-{name}", steps=24, checkpoint_every=8, parallelism=parallelism, **cluster
+        f"layout-{name}",
+        model="tiny",  # two blocks: pp2 puts one on each stage
+        steps=24,
+        checkpoint_every=8,
+        parallelism=parallelism,
+        **cluster,
     )
     run = client.submit_run(spec)
     for field, value in layout.items():

@@ -33,9 +33,9 @@ def test_a_slowed_rank_flags_its_node_and_the_run_moves_to_a_spare(
 ) -> None:
     client = spare_pool
     spare = client.get_spares()["members"][0]
-    run_id = client.submit_run(tiny_spec(SLOW_RUN, steps=80, checkpoint_every=20, max_restarts=0))[
-        "id"
-    ]
+    # The "tiny" preset's two blocks: FLAG_WITHIN_STEPS counts its slowed steps (~0.35 s).
+    spec = tiny_spec(SLOW_RUN, model="tiny", steps=80, checkpoint_every=20, max_restarts=0)
+    run_id = client.submit_run(spec)["id"]
     run = wait_for("the run to end", lambda: ended(client, run_id), timeout_s=200)
 
     first, second = run["attempts"]
