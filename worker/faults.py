@@ -42,6 +42,7 @@ Unset in production; the e2e suite, tests/unit/worker and tests/integration set 
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -67,6 +68,8 @@ FAULTS = {
 }
 # Faults that fire on every step from theirs on, not only at it.
 FROM_STEP_ON = frozenset({"slow_step", "pace_step"})
+# Faults that sleep, and so take =<seconds>.
+SLEEPING = frozenset({"slow_step", "pace_step"})
 DEFAULT_SLOW_S = 0.3
 POINTS = tuple(sorted(set(FAULTS.values())))
 
@@ -105,18 +108,32 @@ def set_context(run: str, attempt: int) -> None:
 def parse(spec: str) -> list[Fault]:
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        item, _, seconds = item.partition("=")
+        item, has_seconds, seconds = item.partition("=")
         body, _, run = item.partition("@")
         name, step, *rest = body.split(":")
         if name not in FAULTS:
             raise ValueError(f"RUNYARD_FAULT fault {name!r} is not one of {tuple(FAULTS)}")
-        if name == "pace_step" and not seconds:
+        if name == "pace_step" and not has_seconds:
             raise ValueError(f"RUNYARD_FAULT {item!r}: pace_step needs =<seconds>")
+        if has_seconds and name not in SLEEPING:
+            raise ValueError(f"RUNYARD_FAULT {item!r}: only {sorted(SLEEPING)} take =<seconds>")
+        duration = _seconds(item, seconds) if has_seconds else None
         rank = None if rest and rest[0] == "*" else int(rest[0]) if rest else 0
         attempt = int(rest[1]) if len(rest) > 1 else None
-        duration = float(seconds) if seconds else None
         faults.append(Fault(name, int(step), rank, attempt, run or None, duration))
     return faults
+
+
+def _seconds(item: str, text: str) -> float:
+    """A fault's duration: a finite number of seconds, zero or more (time.sleep refuses the
+    rest, in the middle of a rank's step)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"RUNYARD_FAULT {item!r}: ={text} is not a number of seconds >= 0")
+    return seconds
 
 
 def _firing(point: str, step: int, rank: int) -> list[Fault]:

@@ -29,10 +29,15 @@ def test_pace_step_makes_a_step_last_its_seconds_and_no_longer(
 
     started = time.monotonic() - 0.05  # the step computed for 50 ms
     slept = faults.pace(7, 1, started)  # every rank, every step from 3 on
-    assert 0.1 < slept <= 0.15 and time.monotonic() - started >= 0.2
+    assert 0 < slept <= 0.15 and time.monotonic() - started >= 0.2
     assert faults.pace(8, 0, time.monotonic() - 0.5) == 0.0  # already slower than the pace
 
     monkeypatch.setattr(faults, "_context", {"run": "other", "attempt": 1})
     assert faults.pace(7, 1, time.monotonic()) == 0.0
     with pytest.raises(ValueError, match="needs =<seconds>"):
         faults.parse("pace_step:1:*")
+    for bad in ("slow_step:1=-1", "slow_step:1=nan", "pace_step:1=", "pace_step:1=soon"):
+        with pytest.raises(ValueError, match="not a number of seconds"):
+            faults.parse(bad)
+    with pytest.raises(ValueError, match="take =<seconds>"):
+        faults.parse("raise_after_step:30=5")
