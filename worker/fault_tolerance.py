@@ -42,7 +42,7 @@ from contract import ReplicaGroupConfig, WorkerRunConfig, group_layout
 from worker import checkpoint
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import LaunchEnv, init_distributed, pick_device, shutdown_distributed
-from worker.faults import maybe_crash, pace
+from worker.faults import maybe_crash, pace, set_context
 from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
 from worker.reporter import Reporter
@@ -69,6 +69,7 @@ def train_replica_group(
     assert config.fault_tolerance is not None
     layout = group_layout(config.layout, config.fault_tolerance.groups)
     check_supported(layout)  # before any collective: every rank refuses alike
+    set_context(config.name, config.attempt_number)  # faults may name the run or attempt
     # scancel means this group is being replaced (its node failed): leave at once, so the
     # peers' next collective fails now and the lighthouse drops the group after its
     # heartbeat timeout. submitit's handler would ignore SIGTERM and leave the ranks
