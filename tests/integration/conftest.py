@@ -18,6 +18,7 @@ import pytest
 from client.api import RunyardClient
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster, service_argv
+from planner.presets import MODEL_PRESETS
 from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, wait_for
 
 
@@ -205,7 +206,7 @@ def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) ->
 # costs 30% less CPU (22 against 32 ms, 300-step runs on the dev cluster), and the ranks
 # share two cores with the service, the agents and Slurm. Layouts that split the blocks
 # (pipeline stages) ask for the preset itself.
-ONE_BLOCK_MODEL = {"layers": 1, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 256}
+ONE_BLOCK_MODEL = MODEL_PRESETS["tiny"].model_dump() | {"layers": 1}
 
 
 def tiny_spec(name: str, **overrides: Any) -> dict[str, Any]:
