@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import service.db
@@ -41,10 +41,9 @@ XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 
 
 @pytest.fixture
-def db(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionmaker[Session]]:
+def db(database_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionmaker[Session]]:
     """session_scope() on one connection whose transaction the test never commits."""
-    engine = create_engine(database_url)
-    with engine.connect() as conn:
+    with database_engine.connect() as conn:
         outer = conn.begin()
         factory = sessionmaker(
             bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
@@ -54,7 +53,6 @@ def db(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionma
             yield factory
         finally:
             outer.rollback()
-    engine.dispose()
 
 
 class Cluster:
