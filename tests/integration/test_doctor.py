@@ -245,8 +245,10 @@ def test_sacct_knows_how_a_job_ended_and_the_service_reads_it(
     from service.slurm.accounting import ended_jobs
 
     name = f"{TEST_DATABASE}-sacct"
+    # Output to /dev/null: a batch job writes slurm-<id>.out into the submitter's folder.
+    submit = ["sbatch", "--parsable", "-J", name, "-p", "train", "-N1", "-o", "/dev/null"]
     job = subprocess.run(
-        ["sbatch", "--parsable", "-J", name, "-p", "train", "-N1", "--wrap", "exit 3"],
+        [*submit, "--wrap", "exit 3"],
         capture_output=True,
         text=True,
         check=True,
