@@ -111,6 +111,8 @@ def submit_attempts(
                 # token written before the crash, and minting revokes it.
                 write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
                 job_id = slurm.submit(req)
+            else:  # the crash may have come between sbatch and submitit's last step
+                slurm.finish_submission(req.job_folder, {req.attempt_id: job_id})
         except SlurmError as exc:
             on_refused(req, str(exc))
             continue

@@ -49,6 +49,9 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
             except SlurmError as exc:
                 _array_failed(req, str(exc))
                 continue
+        else:  # the crash may have come between sbatch and submitit's last step
+            tasks = {a: req.task_job_id(array_id, i) for i, a in enumerate(req.attempt_ids)}
+            slurm.finish_submission(req.job_folder, tasks)
         _record_array(req, array_id, slurm)
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 

@@ -7,12 +7,19 @@ cover every watched job at once, and hostlists are expanded in-process.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from service.config import Settings
 from service.slurm import accounting, commands
 from service.slurm.commands import JobStatus, SlurmNode
-from service.slurm.submit import ArrayRequest, AttemptRequest, submit_array, submit_attempt
+from service.slurm.submit import (
+    ArrayRequest,
+    AttemptRequest,
+    finish_interrupted_submission,
+    submit_array,
+    submit_attempt,
+)
 
 
 class CliSlurmClient:
@@ -67,6 +74,9 @@ class CliSlurmClient:
 
     def array_job_by_name(self, name: str) -> str | None:
         return commands.array_job_by_name(name)
+
+    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
+        finish_interrupted_submission(job_folder, job_ids)
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         commands.scancel(job_ids)

@@ -12,7 +12,8 @@ Node lists come back as Slurm prints them (`gpu[001-004]`); expand them in-proce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from service.slurm.commands import JobStatus, SlurmError, SlurmNode
@@ -90,6 +91,12 @@ class SlurmClient(Protocol):
 
     def array_job_by_name(self, name: str) -> str | None:
         """The id of the job array named `name`, live or recently ended, or None."""
+        ...
+
+    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
+        """Complete the submission of jobs found queued by name after a crash (`job_ids`:
+        attempt id -> job or array task id), so that they can start: whatever the crashed
+        submit call had left to do once sbatch had queued them."""
         ...
 
     def cancel(self, job_ids: Sequence[str]) -> None:

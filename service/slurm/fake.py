@@ -17,8 +17,9 @@ nodes are scheduled in name order, and nothing happens unless a caller asks for 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from service.slurm.commands import DRAIN_PREFIX, JobStatus, SlurmError, SlurmNode
 from service.slurm.hostlist import compress_hostlist
@@ -60,6 +61,10 @@ class FakeJob:
     nodes: tuple[str, ...] = ()
     exit_code: int | None = None
     forgotten: bool = False
+    # sbatch queued it but the submitting process died before submitit's last step (see
+    # CliSlurmClient.finish_submission): started so, it fails, as a real one does after
+    # waiting 60 s for its pickle.
+    awaits_submission: bool = False
 
     @property
     def is_live(self) -> bool:
@@ -142,7 +147,15 @@ class FakeSlurm:
                 del allowed[n]
             running[job.array_id] += 1
             started.append(job.job_id)
+        for job_id in started:
+            if self.jobs[job_id].awaits_submission:
+                self.finish(job_id, exit_code=1)
         return started
+
+    def cut_submission_short(self, job_ids: Iterable[str]) -> None:
+        """The process that submitted these jobs died right after sbatch returned."""
+        for job_id in job_ids:
+            self.jobs[job_id].awaits_submission = True
 
     def run_foreign_job(self, name: str, nodes: Sequence[str]) -> str:
         """Someone else's job, running on `nodes` now (their sbatch, not the reconciler's)."""
@@ -316,6 +329,12 @@ class FakeSlurm:
         self._call("array_job_by_name")
         ids = {j.array_id or j.job_id for j in self._known() if j.name == name}
         return min(ids, key=int) if ids else None
+
+    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
+        self._call("finish_submission")
+        for job_id in job_ids.values():
+            if job_id in self.jobs:
+                self.jobs[job_id].awaits_submission = False
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         self._call("cancel")

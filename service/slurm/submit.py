@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import DelayedSubmission, JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
 from service.slurm.commands import SlurmError
+
+log = logging.getLogger(__name__)
+# submitit pickles each task as <32 hex digits>.pkl, runs sbatch, and only then renames the
+# pickle to <job id>_submitted.pkl, which the job waits 60 s for at start before failing.
+_SUBMITIT_TEMPORARY_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")
 
 
 @dataclass(frozen=True)
@@ -173,3 +182,41 @@ def submit_array(req: ArrayRequest, settings: Settings) -> str:
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
         raise SlurmError(f"sbatch of the job array {req.job_name} failed: {exc}") from exc
     return str(jobs[0].job_id).partition("_")[0]
+
+
+def finish_interrupted_submission(job_folder: Path, job_ids: Mapping[int, str]) -> list[str]:
+    """Rename the pickles a crashed submission left under submitit's temporary names.
+
+    A service killed after sbatch returned but before submitit renamed the task pickles
+    leaves jobs that are queued, found again by name and adopted, yet each would wait 60 s
+    for `<job id>_submitted.pkl` and fail. `job_ids` maps each attempt to the Slurm id of
+    the job (or array task) that runs it; a pickle is matched by the attempt id in its
+    worker command. Returns the job ids whose pickle this put in place.
+    """
+    finished = []
+    for pickle in sorted(job_folder.glob("*.pkl")):
+        if not _SUBMITIT_TEMPORARY_PICKLE.fullmatch(pickle.name):
+            continue
+        try:
+            command = getattr(DelayedSubmission.load(pickle).function, "command", [])
+        except Exception as exc:  # a pickle cut off mid-write by the crash, say
+            log.warning("%s: not a readable submitit pickle (%s); left as it is", pickle, exc)
+            continue
+        attempt = _attempt_in(command)
+        job_id = job_ids.get(attempt) if attempt is not None else None
+        if job_id is None:
+            continue  # from a submission that never reached sbatch: it stays unread
+        target = JobPaths(job_folder, job_id=job_id).submitted_pickle
+        if not target.exists():
+            pickle.rename(target)
+            finished.append(job_id)
+            log.warning("job %s: its submission was cut off after sbatch; pickle renamed", job_id)
+    return finished
+
+
+def _attempt_in(command: list[str]) -> int | None:
+    """The attempt id of a worker_command, or None for any other command."""
+    if "--attempt-id" not in command[:-1]:
+        return None
+    value = command[command.index("--attempt-id") + 1]
+    return int(value) if value.isdigit() else None

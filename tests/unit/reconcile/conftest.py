@@ -109,7 +109,8 @@ class Cluster:
 
     def crash_after_sbatch(self, run_id: int) -> str:
         """What a service that died right after sbatch leaves: a placed run, its attempt
-        SUBMITTING without a job id, and the job queued under the attempt's unique name."""
+        SUBMITTING without a job id, and the job queued under the attempt's unique name
+        whose submission was cut short (it fails at start unless the adopter finishes it)."""
         self.reconciler.sync_nodes(take_snapshot(self.slurm))
         placement.place_pending(self.settings, take_snapshot(self.slurm))
         with session_scope() as session:
@@ -120,7 +121,9 @@ class Cluster:
             )
         assert request.reservation is not None
         self.slurm.create_reservation(request.reservation, request.nodelist.split(","))
-        return self.slurm.submit(request)
+        job = self.slurm.submit(request)
+        self.slurm.cut_submission_short([job])  # died before submitit renamed its pickle
+        return job
 
     # --- what users, admins, agents and workers do --------------------------------------
 

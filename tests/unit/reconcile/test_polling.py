@@ -70,7 +70,10 @@ def test_an_array_queued_before_a_crash_is_adopted_with_its_tokens(
     sbatch = cluster.slurm.submit_array
 
     def sbatch_then_die(req: ArrayRequest) -> str:
-        sbatch(req)
+        array_id = sbatch(req)
+        cluster.slurm.cut_submission_short(
+            [job.job_id for job in cluster.slurm.jobs.values() if job.array_id == array_id]
+        )
         raise RuntimeError("the service was killed before it recorded the array")
 
     monkeypatch.setattr(cluster.slurm, "submit_array", sbatch_then_die)
@@ -86,6 +89,9 @@ def test_an_array_queued_before_a_crash_is_adopted_with_its_tokens(
     for run_id in runs:  # the tokens the tasks were started with stay valid
         (token,) = tokens_of(cluster.attempts(run_id)[0].id)
         assert token.revoked_at is None
+    cluster.slurm.schedule()  # the adopter finished the cut-off submission: tasks run
+    cluster.tick()
+    assert [cluster.run(r).state for r in runs] == [RunState.RUNNING] * 3
 
 
 def test_a_slurm_outage_ends_no_attempt(cluster: Cluster) -> None:
