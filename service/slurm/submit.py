@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickletools
 import re
 import shlex
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import DelayedSubmission, JobPaths
+from submitit.core.utils import JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
@@ -185,38 +186,84 @@ def submit_array(req: ArrayRequest, settings: Settings) -> str:
 
 
 def finish_interrupted_submission(job_folder: Path, job_ids: Mapping[int, str]) -> list[str]:
-    """Rename the pickles a crashed submission left under submitit's temporary names.
+    """Give each adopted job the pickle a crashed submission left under a temporary name.
 
     A service killed after sbatch returned but before submitit renamed the task pickles
     leaves jobs that are queued, found again by name and adopted, yet each would wait 60 s
     for `<job id>_submitted.pkl` and fail. `job_ids` maps each attempt to the Slurm id of
-    the job (or array task) that runs it; a pickle is matched by the attempt id in its
-    worker command. Returns the job ids whose pickle this put in place.
+    the job (or array task) that runs it. A pickle is matched by the attempt id in its
+    worker command, read from the pickle's opcodes without loading it (a job folder is
+    writable by the jobs, and loading a pickle runs code); of several for one attempt
+    (crashes before sbatch, then after) the newest is the one sbatch ran with. The target
+    is a hard link, not a rename: a submitter still alive (a leader losing its lock
+    mid-submit) then renames onto the same file without an error. Never raises: what it
+    cannot link is logged, and that job fails at start like any failed attempt. Returns
+    the job ids whose pickle this put in place.
     """
-    finished = []
-    for pickle in sorted(job_folder.glob("*.pkl")):
+    newest: dict[int, Path] = {}
+    for pickle in job_folder.glob("*.pkl"):
         if not _SUBMITIT_TEMPORARY_PICKLE.fullmatch(pickle.name):
             continue
+        attempt = _attempt_in(pickle)
+        if attempt is None or attempt not in job_ids:
+            continue  # another attempt's, or not a worker command
+        if attempt not in newest or _mtime(pickle) > _mtime(newest[attempt]):
+            newest[attempt] = pickle
+    finished = []
+    for attempt, pickle in newest.items():
+        target = JobPaths(job_folder, job_id=job_ids[attempt]).submitted_pickle
         try:
-            command = getattr(DelayedSubmission.load(pickle).function, "command", [])
-        except Exception as exc:  # a pickle cut off mid-write by the crash, say
-            log.warning("%s: not a readable submitit pickle (%s); left as it is", pickle, exc)
+            if target.exists():
+                continue
+            os.link(pickle, target)
+        except OSError as exc:
+            log.error("job %s: cannot put its pickle in place (%s)", job_ids[attempt], exc)
             continue
-        attempt = _attempt_in(command)
-        job_id = job_ids.get(attempt) if attempt is not None else None
-        if job_id is None:
-            continue  # from a submission that never reached sbatch: it stays unread
-        target = JobPaths(job_folder, job_id=job_id).submitted_pickle
-        if not target.exists():
-            pickle.rename(target)
-            finished.append(job_id)
-            log.warning("job %s: its submission was cut off after sbatch; pickle renamed", job_id)
+        finished.append(job_ids[attempt])
+        log.warning(
+            "job %s: its submission was cut off after sbatch; pickle put in place", job_ids[attempt]
+        )
     return finished
 
 
-def _attempt_in(command: list[str]) -> int | None:
-    """The attempt id of a worker_command, or None for any other command."""
-    if "--attempt-id" not in command[:-1]:
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("-inf")
+
+
+def _attempt_in(pickle: Path) -> int | None:
+    """The number after "--attempt-id" among the pickle's strings (worker_command's), or
+    None. Walks the opcodes (pickletools) without executing any of them."""
+    strings: list[str] = []
+    memo: dict[int, str] = {}  # a string met twice is pickled once, then fetched by index
+    memoized = 0  # MEMOIZE numbers every object it stores, strings or not
+    last: str | None = None
+    try:
+        for opcode, argument, _ in pickletools.genops(pickle.read_bytes()):
+            name = opcode.name
+            if isinstance(argument, str) and "UNICODE" in name:
+                last = argument
+                strings.append(argument)
+            elif name == "MEMOIZE":
+                if last is not None:
+                    memo[memoized] = last
+                memoized, last = memoized + 1, None
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(argument, int):
+                if last is not None:
+                    memo[argument] = last
+                last = None
+            elif name in ("GET", "BINGET", "LONG_BINGET") and isinstance(argument, int):
+                if argument in memo:
+                    strings.append(memo[argument])
+                last = None
+            else:
+                last = None
+    except (OSError, ValueError) as exc:  # unreadable, or cut off mid-write by the crash
+        log.warning("%s: not a readable pickle (%s); left as it is", pickle, exc)
         return None
-    value = command[command.index("--attempt-id") + 1]
+    if "--attempt-id" not in strings[:-1]:
+        return None
+    value = strings[strings.index("--attempt-id") + 1]
     return int(value) if value.isdigit() else None

@@ -107,10 +107,11 @@ class Cluster:
         with session_scope() as session:
             return list(session.scalars(select(Incident).where(Incident.node_name == node)))
 
-    def crash_after_sbatch(self, run_id: int) -> str:
+    def crash_after_sbatch(self, run_id: int, *, cut_short: bool = True) -> str:
         """What a service that died right after sbatch leaves: a placed run, its attempt
-        SUBMITTING without a job id, and the job queued under the attempt's unique name
-        whose submission was cut short (it fails at start unless the adopter finishes it)."""
+        SUBMITTING without a job id, and the job queued under the attempt's unique name,
+        its submission cut short unless `cut_short` is False (it then fails at start unless
+        the adopter finishes it)."""
         self.reconciler.sync_nodes(take_snapshot(self.slurm))
         placement.place_pending(self.settings, take_snapshot(self.slurm))
         with session_scope() as session:
@@ -122,7 +123,8 @@ class Cluster:
         assert request.reservation is not None
         self.slurm.create_reservation(request.reservation, request.nodelist.split(","))
         job = self.slurm.submit(request)
-        self.slurm.cut_submission_short([job])  # died before submitit renamed its pickle
+        if cut_short:  # died before submitit renamed its pickle
+            self.slurm.cut_submission_short([job])
         return job
 
     # --- what users, admins, agents and workers do --------------------------------------

@@ -35,7 +35,7 @@ def test_a_job_queued_before_a_crash_is_adopted_not_submitted_again(cluster: Clu
 
 def test_a_job_that_ended_before_the_service_came_back_is_adopted_too(cluster: Cluster) -> None:
     run_id = cluster.submit_run("ended-while-down")
-    job = cluster.crash_after_sbatch(run_id)
+    job = cluster.crash_after_sbatch(run_id, cut_short=False)  # it ran, then failed
     cluster.slurm.schedule()
     cluster.slurm.finish(job, exit_code=1)
     cluster.tick()
