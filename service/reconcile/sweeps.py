@@ -50,8 +50,7 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
                 _array_failed(req, str(exc))
                 continue
         else:  # the crash may have come between sbatch and submitit's last step
-            tasks = {a: req.task_job_id(array_id, i) for i, a in enumerate(req.attempt_ids)}
-            slurm.finish_submission(req.job_folder, tasks)
+            slurm.finish_submission(req.job_folder, req.task_job_ids(array_id))
         _record_array(req, array_id, slurm)
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 
@@ -105,8 +104,7 @@ def _record_array(req: ArrayRequest, array_id: str, slurm: SlurmClient) -> None:
         sweep = session.get(Sweep, req.sweep_id, with_for_update=True)
         assert sweep is not None
         sweep.slurm_array_job_id, sweep.submitted_at = array_id, utcnow()
-        for task, attempt_id in enumerate(req.attempt_ids):
-            job_id = req.task_job_id(array_id, task)
+        for task, (attempt_id, job_id) in enumerate(req.task_job_ids(array_id).items()):
             locked = repository.lock_run_and_attempt(session, attempt_id)
             if locked is None or locked[1].state != AttemptState.SUBMITTING:
                 orphaned.append(job_id)  # not reachable through stop_cancelling's wait

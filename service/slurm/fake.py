@@ -296,8 +296,7 @@ class FakeSlurm:
         nodelist = [n for n in req.nodelist.split(",") if n]
         self._check_request(nodelist, req.num_nodes, req.reservation)
         array_id = self._new_id()
-        for task, attempt_id in enumerate(req.attempt_ids):
-            job_id = req.task_job_id(array_id, task)
+        for attempt_id, job_id in req.task_job_ids(array_id).items():
             self.jobs[job_id] = FakeJob(
                 job_id=job_id,
                 name=req.job_name,

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 # submitit pickles each task as <32 hex digits>.pkl, runs sbatch, and only then renames the
 # pickle to <job id>_submitted.pkl, which the job waits 60 s for at start before failing.
 _SUBMITIT_TEMPORARY_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")
+ATTEMPT_ID_FLAG = "--attempt-id"  # worker.entry's; how a pickled command names its attempt
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,10 @@ class ArrayRequest:
         """Slurm's id for task i. submitit sends a batch of one as a plain job, not an
         array, so a sweep down to one member is just `<id>`."""
         return array_id if len(self.attempt_ids) == 1 else f"{array_id}_{task}"
+
+    def task_job_ids(self, array_id: str) -> dict[int, str]:
+        """Attempt id -> Slurm's id for the task that runs it, in task order."""
+        return {a: self.task_job_id(array_id, i) for i, a in enumerate(self.attempt_ids)}
 
     @property
     def token_setup(self) -> str:
@@ -142,7 +147,7 @@ def worker_command(settings: Settings, attempt_id: int) -> list[str]:
         "worker.entry",
         "--service-url",
         settings.api_url,
-        "--attempt-id",
+        ATTEMPT_ID_FLAG,
         str(attempt_id),
     ]
 
@@ -213,9 +218,9 @@ def finish_interrupted_submission(job_folder: Path, job_ids: Mapping[int, str]) 
     for attempt, pickle in newest.items():
         target = JobPaths(job_folder, job_id=job_ids[attempt]).submitted_pickle
         try:
-            if target.exists():
-                continue
             os.link(pickle, target)
+        except FileExistsError:
+            continue  # submitit got to it first
         except OSError as exc:
             log.error("job %s: cannot put its pickle in place (%s)", job_ids[attempt], exc)
             continue
@@ -234,7 +239,7 @@ def _mtime(path: Path) -> float:
 
 
 def _attempt_in(pickle: Path) -> int | None:
-    """The number after "--attempt-id" among the pickle's strings (worker_command's), or
+    """The number after ATTEMPT_ID_FLAG among the pickle's strings (worker_command's), or
     None. Walks the opcodes (pickletools) without executing any of them."""
     strings: list[str] = []
     memo: dict[int, str] = {}  # a string met twice is pickled once, then fetched by index
@@ -263,7 +268,7 @@ def _attempt_in(pickle: Path) -> int | None:
     except (OSError, ValueError) as exc:  # unreadable, or cut off mid-write by the crash
         log.warning("%s: not a readable pickle (%s); left as it is", pickle, exc)
         return None
-    if "--attempt-id" not in strings[:-1]:
+    if ATTEMPT_ID_FLAG not in strings[:-1]:
         return None
-    value = strings[strings.index("--attempt-id") + 1]
+    value = strings[strings.index(ATTEMPT_ID_FLAG) + 1]
     return int(value) if value.isdigit() else None
