@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from service.admin.endpoints import router as admin_router
 from service.auth.deps import watch_revocations
@@ -91,6 +92,16 @@ def create_app() -> FastAPI:
         SlurmError,
         "slurm_unavailable",
         "Slurm did not answer ({}); try again, or check slurmctld (docs/operations.md)",
+    )
+    # Postgres down, restarting or out of connections, or a transaction it cancelled
+    # (psycopg's serialization failures and deadlocks are operational errors too): all are
+    # worth another try, and none left a half-written change behind.
+    render_unavailable(
+        app,
+        OperationalError,
+        "database_unavailable",
+        "the database could not complete the request ({}); try again, or check Postgres "
+        "(docs/operations.md)",
     )
     document_errors(app)
     app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+
+logger = logging.getLogger(__name__)
 
 
 class AppError(Exception):
@@ -72,9 +75,19 @@ def render_unavailable(app: FastAPI, error: type[Exception], code: str, advice: 
     so this module depends on none of them."""
 
     @app.exception_handler(error)
-    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
-        # The request was valid; the backend could not be asked. Nothing changed on our side.
-        return JSONResponse(status_code=503, content={"error": code, "detail": advice.format(exc)})
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The request was valid; the backend could not be asked. Nothing changed on our side
+        # (its transaction rolled back). One line for the client and one for the operator:
+        # an outage is expected weather, not a stack trace per request.
+        detail = advice.format(first_line(exc))
+        logger.warning("%s %s: %s: %s", request.method, request.url.path, code, detail)
+        return JSONResponse(status_code=503, content={"error": code, "detail": detail})
+
+
+def first_line(exc: BaseException) -> str:
+    """A backend's message up to its first line break (drivers append background links)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else exc.__class__.__name__
 
 
 class Problem(BaseModel):
@@ -99,7 +112,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (409, "Conflicts with the current state"),
         (413, "Body too large"),
         (429, "Too many requests"),
-        (503, "Slurm unavailable"),
+        (503, "Slurm or the database did not answer; try again"),
     ]
 }
 

@@ -12,6 +12,7 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, Header
 from sqlalchemy import Row
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from service.auth.cache import principals
@@ -20,6 +21,7 @@ from service.auth.service import attempt_states, revoked_since, tokens_by_hash, 
 from service.auth.tokens import hash_token
 from service.config import get_settings
 from service.db import LIVENESS, in_transaction
+from service.errors import first_line
 from service.group_commit import GroupCommit
 from service.limits import RateLimiter
 from service.models import AttemptState, Role
@@ -123,26 +125,37 @@ USERS = Depends(roles(Role.USER, Role.ADMIN))
 ADMINS = Depends(roles(Role.ADMIN))
 
 
-# Revocations are read back over this window, so a revoking process whose clock is behind
-# ours, or a poll that failed, still has its revocations seen.
+# Revocations are read back over this window before the last read that worked, so a
+# revoking process whose clock is behind ours still has its revocations seen.
 REVOCATION_WINDOW = timedelta(minutes=1)
 
 
 async def watch_revocations() -> None:
     """Forget, every `auth_revocation_poll_s`, the principals of tokens revoked anywhere.
 
+    Each read starts where the last one that worked started, so a token revoked while the
+    reads failed (Postgres down for longer than the window) is still forgotten when the
+    database answers again, not only when its cache entry expires (auth_cache_ttl_s).
     Runs for the life of the service process (started by the app's lifespan).
     """
     every_s = get_settings().auth_revocation_poll_s
+    read_from = utcnow()  # the cache starts empty: nothing revoked before now is cached
     while True:
         await anyio.sleep(every_s)
+        started = utcnow()
+        since = read_from - REVOCATION_WINDOW
         try:
-            since = utcnow() - REVOCATION_WINDOW
             revoked = await anyio.to_thread.run_sync(in_transaction, revoked_since, since)
-        except Exception:  # the database may be down a while; the TTL still bounds the lag
+        except OperationalError as exc:  # the database down a while: expected, one line
+            log.warning(
+                "reading revoked tokens failed (%s); retrying in %.0f s", first_line(exc), every_s
+            )
+            continue
+        except Exception:
             log.exception("reading revoked tokens failed; retrying in %.0f s", every_s)
             continue
         principals.forget_revoked(revoked)
+        read_from = started
 
 
 @lru_cache

@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from client.api import ApiError
 from client.devcluster import cluster, postgres
 from client.devcluster.cluster import DevCluster
 from tests.conftest import TEST_DATABASE, wait_for
@@ -27,7 +28,8 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
 ) -> None:
     """One run, three outages in turn: Postgres stopped, slurmctld killed, the service
     stopped. The run finishes with its one attempt, and every step's metrics arrive (the
-    worker buffers what it cannot deliver while the service or its database is down)."""
+    worker buffers what it cannot deliver while the service or its database is down); while
+    Postgres is down the API answers 503 database_unavailable."""
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     steps = 400
     run_id = client.submit_run(tiny_spec("control-plane-restarts", steps=steps))["id"]
@@ -39,6 +41,11 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
     subprocess.run([*pg, "stop", "-m", "fast"], check=True)
     try:
         wait_for("the API to notice", lambda: not service.healthy(), timeout_s=10)
+        with pytest.raises(ApiError) as refused:
+            client.get_run(run_id)
+        # A reader is told what is wrong in one line, not handed an HTML 500.
+        assert refused.value.status == 503, refused.value.message
+        assert refused.value.body["error"] == "database_unavailable"
         subprocess.run(["sleep", str(OUTAGE_S)], check=True)
     finally:
         subprocess.run([*pg, "start"], check=True)

@@ -485,3 +485,52 @@ def test_revocations_by_another_process_reach_a_running_service_within_a_poll(
         monkeypatch.undo()
         get_settings.cache_clear()
         engine.dispose()
+
+
+def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_again(
+    app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's reads fail for longer than its read-back window (the database down a
+    while): the token revoked meanwhile is forgotten at the first read that works, not
+    only when its cache entry expires (the TTL stays at 60 s)."""
+    from sqlalchemy.exc import OperationalError
+
+    from service.auth import deps
+    from service.config import get_settings
+
+    monkeypatch.setenv("RUNYARD_AUTH_REVOCATION_POLL_S", "0.1")
+    monkeypatch.setattr(deps, "REVOCATION_WINDOW", timedelta(seconds=0.2))
+    database_down = False
+    read_revocations = deps.revoked_since
+
+    def revoked_since(session: Session, since: Any) -> list[int]:
+        if database_down:
+            raise OperationalError("SELECT api_tokens", {}, ConnectionRefusedError())
+        return read_revocations(session, since)
+
+    monkeypatch.setattr(deps, "revoked_since", revoked_since)
+    get_settings.cache_clear()
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as s, s.begin():
+            row, token = create_token(s, user="gil", team="alpha", role=Role.USER)
+            token_id = row.id
+        headers = {"Authorization": f"Bearer {token}"}
+        with TestClient(app) as client:
+            assert client.get("/v1/runs", headers=headers).status_code == 200  # cached
+            database_down = True
+            with Session(engine) as s, s.begin():
+                s.get_one(ApiToken, token_id).revoked_at = utcnow()
+            time.sleep(1.0)  # several failed reads, five windows long
+            assert client.get("/v1/runs", headers=headers).status_code == 200, "still cached"
+            database_down = False
+            wait_for(
+                "the watcher to forget the token revoked while it could not read",
+                lambda: client.get("/v1/runs", headers=headers).status_code == 401,
+                timeout_s=3,
+                interval_s=0.05,
+            )
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        engine.dispose()
