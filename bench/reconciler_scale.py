@@ -132,7 +132,7 @@ def clock_steps() -> StepClock:
         (polling, "poll_attempts"),
         (loop.lighthouse, "maintain_lighthouses"),
         (loop.fast_path, "submit_group_attempts"),
-        (loop.fast_path, "cancel_ended_group_jobs"),
+        (loop.ended_jobs, "cancel_jobs_of_ended_attempts"),
     ]:
         clock.wrap(module, name, name)
     clock.wrap(Reconciler, "sync_nodes", "sync_nodes")

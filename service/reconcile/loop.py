@@ -22,7 +22,7 @@ from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 from service.reconcile.leader import LeaderLock
-from service.recovery import fast_path, lighthouse
+from service.recovery import ended_jobs, fast_path, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -74,7 +74,7 @@ class Reconciler:
             ("lighthouses", lambda: lighthouse.maintain_lighthouses(settings)),
             ("submission", lambda: submission.submit_pending(settings, s, slurm)),
             ("replica groups", lambda: fast_path.submit_group_attempts(settings, s, slurm)),
-            ("ended group jobs", lambda: fast_path.cancel_ended_group_jobs(slurm)),
+            ("ended attempts' jobs", lambda: ended_jobs.cancel_jobs_of_ended_attempts(slurm)),
             ("sweeps", lambda: sweeps.submit_sweeps(settings, slurm)),
             ("cancellation", lambda: cancellation.stop_cancelling(settings, slurm)),
             ("job states", lambda: polling.poll_attempts(settings, slurm)),

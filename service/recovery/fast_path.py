@@ -14,15 +14,14 @@ which asks `paths.choose_recovery_path`:
   (one per group) resume from the newest committed checkpoint on disk.
 Every decision is committed before the Slurm call it leads to, and every step reads what is
 left to do from Postgres, so a service killed anywhere finishes the recovery exactly once.
-Jobs of group attempts that ended are scancelled by `cancel_ended_group_jobs` from what
-Postgres says, whichever path ended them.
+Jobs of attempts that ended are scancelled by `recovery/ended_jobs.py` from what Postgres
+says, whichever path ended them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -41,7 +40,6 @@ from service.models import (
     Run,
     RunState,
 )
-from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
 from service.recovery import spares
@@ -396,7 +394,7 @@ def judge_group_ended(
 
         new_group_attempt(session, run, get_settings(), attempt.replica_group, from_disk=False)
         return
-    for other in others.values():  # their jobs are scancelled by cancel_ended_group_jobs
+    for other in others.values():  # their jobs are scancelled by ended_jobs.py
         set_stop_reason(other, StopReason.JOB_FAILED)
         set_attempt_state(
             session, run, other, AttemptState.FAILED, f"{reason}: restarting from disk"
@@ -404,28 +402,3 @@ def judge_group_ended(
     end_attempt_and_restart(
         session, run, attempt, reason, cause=StopReason.JOB_FAILED, exit_code=exit_code
     )
-
-
-def cancel_ended_group_jobs(slurm: SlurmClient, within: timedelta = timedelta(hours=1)) -> None:
-    """scancel the jobs of group attempts that Postgres says ended but Slurm still runs
-    (a group ended by the classic path from a verdict, or a service killed before its
-    scancel): derived from the database each tick, so it happens once it is needed."""
-    with session_scope() as session:
-        jobs = [
-            job
-            for job in session.scalars(
-                select(Attempt.slurm_job_id).where(
-                    Attempt.replica_group.is_not(None),
-                    Attempt.state.in_([AttemptState.FAILED, AttemptState.CANCELLED]),
-                    Attempt.slurm_job_id.is_not(None),
-                    Attempt.ended_at > utcnow() - within,
-                )
-            ).all()
-            if job
-        ]
-    if not jobs:
-        return
-    live = slurm.queue(jobs)
-    still = [job for job in jobs if job in live and live[job].is_live]
-    if still:
-        slurm.cancel(still)

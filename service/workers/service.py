@@ -47,8 +47,15 @@ def live_attempt_and_run(session: Session, attempt_id: int) -> tuple[Attempt, Ru
 
 
 def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
-    """A rank that reports is proof the allocation runs, even before squeue says so."""
-    if attempt.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
+    """A rank that reports is proof the allocation runs, even before squeue says so.
+
+    Not for an attempt still SUBMITTING: its Slurm job id is not recorded yet (a fast job,
+    or a service that died after sbatch). The reconciler records it, or adopts the job by
+    name after a crash, only while the attempt is SUBMITTING and its run PENDING; moved on
+    now, the job would never be polled or cancelled. The report's steps still count."""
+    if attempt.state == AttemptState.SUBMITTING:
+        return
+    if attempt.state == AttemptState.PENDING:
         set_attempt_state(session, run, attempt, AttemptState.RUNNING)
         timeline.attempt_running(session, run.id)
     if run.state == RunState.PENDING:

@@ -109,3 +109,26 @@ def test_slurm_losing_a_node_drains_it_and_moves_the_run(cluster: Cluster) -> No
     assert cluster.slurm.nodes[bad].drained and cluster.node(bad).state == NodeState.DRAINED
     assert cluster.incidents(bad)[0].signal == "slurm:node_down"
     assert cluster.attempts(run_id)[-1].state == AttemptState.PENDING
+
+
+def test_an_ended_attempts_job_whose_scancel_was_lost_is_cancelled_next_tick(
+    cluster: Cluster,
+) -> None:
+    """The attempt's end is committed before its job is scancelled; slurmctld did not
+    answer that scancel (or the service died before it). The next tick cancels the job,
+    from what Postgres says, so it does not hold the run's nodes or write checkpoints."""
+    cluster.set_spares(1)
+    (run_id,) = running(cluster, "lost-scancel")
+    old_job = cluster.live_job(run_id)
+    cluster.slurm.break_call("cancel")
+    cluster.xid(cluster.run(run_id).nodes[1])
+    cluster.tick()
+    failed, _ = cluster.attempts(run_id)
+    assert failed.state == AttemptState.FAILED and failed.slurm_job_id == old_job
+    assert cluster.slurm.jobs[old_job].state == "RUNNING", "the scancel was lost"
+    cluster.slurm.heal_call("cancel")
+    cluster.tick()
+    assert cluster.slurm.jobs[old_job].state == "CANCELLED"
+    cluster.slurm.calls.clear()
+    cluster.tick()
+    assert cluster.slurm.calls["cancel"] == 0, "an ended job is not cancelled again"

@@ -44,6 +44,31 @@ def test_a_job_that_ended_before_the_service_came_back_is_adopted_too(cluster: C
     assert cluster.slurm.calls["submit"] == 1  # only the dead service's
 
 
+def test_a_job_whose_worker_reports_before_the_adopting_tick_is_still_adopted(
+    cluster: Cluster,
+) -> None:
+    """The service died after sbatch and submitit's last step; the job started and its
+    worker reported progress before a tick ran. The report must not move the attempt on
+    from SUBMITTING: a RUNNING attempt without a job id is never adopted, never polled,
+    never cancelled."""
+    run_id = cluster.submit_run("reported-first")
+    job = cluster.crash_after_sbatch(run_id, cut_short=False)
+    cluster.slurm.schedule()
+    cluster.train(run_id, 5, committed=False)
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.state == AttemptState.SUBMITTING and attempt.last_heartbeat_at is not None
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.slurm_job_id == job, "adopted, so it is polled and can be cancelled"
+    assert cluster.slurm.calls["submit"] == 1  # only the dead service's
+    cluster.train(run_id, 6, committed=False)
+    assert cluster.attempts(run_id)[0].state == AttemptState.RUNNING
+    assert cluster.run(run_id).state == RunState.RUNNING
+    cluster.slurm.finish(job, exit_code=1)
+    cluster.tick()
+    assert cluster.attempts(run_id)[0].state == AttemptState.FAILED, "its end is seen"
+
+
 def test_when_slurm_cannot_list_the_queue_nothing_is_submitted_blind(cluster: Cluster) -> None:
     run_id = cluster.submit_run("blind")
     cluster.slurm.break_call("jobs_by_name")

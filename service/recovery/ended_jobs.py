@@ -1,0 +1,50 @@
+"""The jobs of attempts that ended in Postgres but still run in Slurm: scancelled.
+
+Every path that ends an attempt (a node failure moving the run to a spare, a hang restarted
+in place, a failed replica group, the classic path ending every group) records the end
+first and scancels the job after, so a service killed between the two, or an scancel that
+slurmctld did not answer (scancel reports nothing), leaves a job running for an attempt
+nothing polls any more. It holds the run's nodes (jobs are exclusive), so the next attempt
+on them waits, and its ranks may still write to the run's checkpoint folder. This step
+derives what to cancel from Postgres each tick, so the scancel happens once it is needed,
+whichever path ended the attempt and however often the earlier try was lost.
+
+Not STOPPED attempts (preempted or at a segment's end: their jobs stop on their own, at a
+committed checkpoint) and not SUCCEEDED ones (their jobs are ending).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from service.db import session_scope
+from service.models import Attempt, AttemptState
+from service.models.base import utcnow
+from service.slurm.client import SlurmClient
+
+ENDED_BY_US = (AttemptState.FAILED, AttemptState.CANCELLED)
+LOOK_BACK = timedelta(hours=1)  # older ended attempts' jobs were cancelled or have ended
+
+
+def cancel_jobs_of_ended_attempts(slurm: SlurmClient, within: timedelta = LOOK_BACK) -> None:
+    """scancel the jobs Slurm still runs for attempts Postgres says failed or were cancelled."""
+    with session_scope() as session:
+        jobs = [
+            job
+            for job in session.scalars(
+                select(Attempt.slurm_job_id).where(
+                    Attempt.state.in_(ENDED_BY_US),
+                    Attempt.slurm_job_id.is_not(None),
+                    Attempt.ended_at > utcnow() - within,
+                )
+            ).all()
+            if job
+        ]
+    if not jobs:
+        return
+    live = slurm.queue(jobs)
+    still = [job for job in jobs if job in live and live[job].is_live]
+    if still:
+        slurm.cancel(still)
