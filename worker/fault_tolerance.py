@@ -260,6 +260,11 @@ def replica_loop(
             # group applies this step, they all compute it again with the next quorum.
             ok = manager.should_commit()
             if ok:
+                # A save returns once its host copy has started, not finished (HostCopy):
+                # the copy must end before the weights change, or the checkpoint labelled
+                # with the last save's step holds some of this step's weights, checksummed
+                # and committed as they are (train.py waits at the same point).
+                checkpointer.wait_for_staging()
                 for optimizer in optimizers:
                     optimizer.step()
             for optimizer in optimizers:
