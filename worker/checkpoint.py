@@ -560,6 +560,24 @@ def load(path: Path, state: dict[str, Stateful]) -> None:
     dcp.load(wanted, checkpoint_id=path)
 
 
+def discard_abandoned(checkpoint_dir: Path, resume_step: int) -> list[Path]:
+    """Delete the committed checkpoints above the step an attempt resumes from (0: from
+    scratch). The service resumes from the newest checkpoint it trusts, so any committed
+    folder above it is one it stopped trusting (written after silent data corruption
+    began, or corrupt) or never heard of: an abandoned timeline. Left on disk, `prune`
+    would count them as the newest and delete this attempt's fresh commits instead, which
+    the service still resumes from. Rank 0 of a plain run only, before its first step; the
+    attempt saves these steps again as it reaches them. Returns what went."""
+    doomed = [
+        path
+        for step, path in _step_folders(checkpoint_dir)
+        if step > resume_step and is_committed(path)
+    ]
+    for path in doomed:
+        remove_tree(path, first=MARKER)
+    return doomed
+
+
 def prune(checkpoint_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` committed checkpoints, and failed saves older than
     the newest commit. Rank 0 only, and only after a save committed. Returns what went."""

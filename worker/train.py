@@ -197,6 +197,10 @@ def train_loop(
             print(f"resumed from {path} at step {trainer.step}", flush=True)
             if trainer.step != config.resume_from.step:
                 print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
+    if is_rank0:
+        resumed = config.resume_from.step if config.resume_from is not None else 0
+        for abandoned in checkpoint.discard_abandoned(config.checkpoint_path, resumed):
+            print(f"deleted {abandoned.name}: above the resume point, not trusted", flush=True)
 
     last_checkpoint_step, stopped_early = trainer.step, False
 

@@ -53,6 +53,33 @@ def test_prune_keeps_the_newest_k_and_drops_failed_saves_behind_them(tmp_path: P
     assert checkpoint.prune(tmp_path, keep=2) == []
 
 
+def test_an_attempt_resuming_below_committed_folders_discards_them_before_pruning(
+    tmp_path: Path,
+) -> None:
+    """After a rollback past silent data corruption the service trusts nothing above the
+    resume point (here: from scratch), but the folders it distrusts still carry COMMITTED
+    markers. Left there, prune would count them as the newest three and delete the new
+    attempt's first commit, the one the service would resume from."""
+    for step in (70, 80, 90):
+        make_folder(tmp_path, step, committed=True)
+    make_folder(tmp_path, 95, committed=False)  # a save that died: no marker, left alone
+    discarded = checkpoint.discard_abandoned(tmp_path, resume_step=0)
+    assert [p.name for p in discarded] == ["step_00000070", "step_00000080", "step_00000090"]
+    make_folder(tmp_path, 10, committed=True)  # the new attempt's first commit
+    assert checkpoint.prune(tmp_path, keep=3) == []
+    assert checkpoint.latest_committed(tmp_path).step == 10  # type: ignore[union-attr]
+
+
+def test_discarding_keeps_the_resume_point_and_everything_below_it(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        make_folder(tmp_path, step, committed=True)
+    assert [p.name for p in checkpoint.discard_abandoned(tmp_path, resume_step=20)] == [
+        "step_00000030"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000010", "step_00000020"]
+    assert checkpoint.discard_abandoned(tmp_path, resume_step=20) == []
+
+
 def test_prune_without_any_commit_deletes_nothing(tmp_path: Path) -> None:
     make_folder(tmp_path, 5, committed=False)
     assert checkpoint.prune(tmp_path, keep=1) == []
