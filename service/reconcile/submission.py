@@ -31,7 +31,7 @@ from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.runs.service import run_folder
-from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name, write_token_file
@@ -113,6 +113,11 @@ def submit_attempts(
                 job_id = slurm.submit(req)
             else:  # the crash may have come between sbatch and submitit's last step
                 slurm.finish_submission(req.job_folder, {req.attempt_id: job_id})
+        except SlurmUnreachable as exc:
+            # No answer is not a refusal: the attempt stays SUBMITTING, and the next pass
+            # adopts the job by its name if the sbatch did queue it, or submits it again.
+            log.warning("%s: Slurm did not answer, trying next pass: %s", req.job_name, exc)
+            continue
         except SlurmError as exc:
             on_refused(req, str(exc))
             continue

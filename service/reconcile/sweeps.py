@@ -23,7 +23,7 @@ from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import ArrayRequest, write_token_file
@@ -46,6 +46,9 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
                 write_token_file(req.token_file(task), mint_worker_token(*pair))
             try:
                 array_id = slurm.submit_array(req)
+            except SlurmUnreachable as exc:  # not a refusal: found by name or sent again
+                log.warning("sweep %d: Slurm did not answer, next pass: %s", req.sweep_id, exc)
+                continue
             except SlurmError as exc:
                 _array_failed(req, str(exc))
                 continue

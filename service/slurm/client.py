@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from service.slurm.commands import JobStatus, SlurmError, SlurmNode
+from service.slurm.commands import JobStatus, SlurmError, SlurmNode, SlurmUnreachable
 from service.slurm.submit import ArrayRequest, AttemptRequest
 
-__all__ = ["JobStatus", "SlurmClient", "SlurmError", "SlurmNode"]
+__all__ = ["JobStatus", "SlurmClient", "SlurmError", "SlurmNode", "SlurmUnreachable"]
 
 
 class SlurmClient(Protocol):

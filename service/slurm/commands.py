@@ -24,6 +24,33 @@ class SlurmError(RuntimeError):
     """A Slurm command failed; the message carries its stderr."""
 
 
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not answer, or not in time: the request may or may not have taken
+    effect (an sbatch that timed out may have queued its job). Not a refusal: ask again,
+    after finding out what happened (a job is looked up by its unique name)."""
+
+
+# What Slurm's commands print when slurmctld cannot be reached or does not answer in time
+# (slurm/src/common/slurm_errno.c: SLURM_COMMUNICATIONS_*, ESLURM_*_TIMEOUT and friends),
+# and what the fake says for a call it was told to break.
+NO_ANSWER = (
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Zero Bytes were transmitted or received",
+    "Slurm temporarily unable to accept job",
+    "Communication connection failure",
+    "slurmctld not responding",
+)
+
+
+def slurm_error(message: str) -> SlurmError:
+    """The error for a Slurm command that failed with `message`: SlurmUnreachable when it
+    says slurmctld did not answer, a SlurmError (a refusal) otherwise."""
+    if any(text in message for text in NO_ANSWER):
+        return SlurmUnreachable(message)
+    return SlurmError(message)
+
+
 def slurm_env() -> dict[str, str]:
     env = dict(os.environ)
     conf = get_settings().slurm_conf
@@ -42,12 +69,14 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             argv, capture_output=True, text=True, env=slurm_env(), timeout=TIMEOUT_S
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmUnreachable(f"{shlex.join(argv)}: {exc}") from exc
+    except OSError as exc:
         raise SlurmError(f"{shlex.join(argv)}: {exc}") from exc
 
 
 def _failed(argv: list[str], out: subprocess.CompletedProcess[str]) -> SlurmError:
-    return SlurmError(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+    return slurm_error(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
 
 
 def run_slurm(argv: list[str], *, check: bool = True) -> str:

@@ -21,7 +21,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.slurm.commands import DRAIN_PREFIX, JobStatus, SlurmError, SlurmNode
+from service.slurm.commands import (
+    DRAIN_PREFIX,
+    JobStatus,
+    SlurmError,
+    SlurmNode,
+    SlurmUnreachable,
+    slurm_error,
+)
 from service.slurm.hostlist import compress_hostlist
 from service.slurm.submit import ArrayRequest, AttemptRequest
 
@@ -90,6 +97,8 @@ class FakeSlurm:
     stacks: dict[str, str] = field(default_factory=dict)  # job id -> what run_in_job prints
     calls: Counter[str] = field(default_factory=Counter)
     broken: dict[str, str] = field(default_factory=dict)  # call -> the error it raises
+    # calls that take effect, then time out before their answer comes back
+    answer_lost: set[str] = field(default_factory=set)
     next_id: int = 1000
 
     @classmethod
@@ -113,6 +122,12 @@ class FakeSlurm:
 
     def heal_call(self, call: str) -> None:
         self.broken.pop(call, None)
+        self.answer_lost.discard(call)
+
+    def lose_answer(self, call: str) -> None:
+        """From now on `call` takes effect (an sbatch queues its job) and then raises
+        SlurmUnreachable, as sbatch does when slurmctld answers after its timeout."""
+        self.answer_lost.add(call)
 
     def schedule(self) -> list[str]:
         """Start every pending job that fits, in Slurm's order (nice, then submission); the
@@ -203,7 +218,7 @@ class FakeSlurm:
     def _call(self, name: str) -> None:
         self.calls[name] += 1
         if name in self.broken:
-            raise SlurmError(f"{name}: {self.broken[name]}")
+            raise slurm_error(f"{name}: {self.broken[name]}")
 
     def _node(self, name: str) -> FakeNode:
         if name not in self.nodes:
@@ -289,6 +304,8 @@ class FakeSlurm:
             nice=req.nice,
             attempt_id=req.attempt_id,
         )
+        if "submit" in self.answer_lost:
+            raise SlurmUnreachable("submit: Socket timed out on send/recv operation")
         return job_id
 
     def submit_array(self, req: ArrayRequest) -> str:

@@ -18,7 +18,7 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
-from service.slurm.commands import SlurmError
+from service.slurm.commands import slurm_error
 
 log = logging.getLogger(__name__)
 # submitit pickles each task as <32 hex digits>.pkl, runs sbatch, and only then renames the
@@ -169,7 +169,7 @@ def submit_attempt(req: AttemptRequest, settings: Settings) -> str:
     try:
         job = executor.submit(command)
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
-        raise SlurmError(f"sbatch of {req.job_name} failed: {exc}") from exc
+        raise slurm_error(f"sbatch of {req.job_name} failed: {exc}") from exc
     return str(job.job_id)
 
 
@@ -186,7 +186,7 @@ def submit_array(req: ArrayRequest, settings: Settings) -> str:
                 for a in req.attempt_ids
             ]
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
-        raise SlurmError(f"sbatch of the job array {req.job_name} failed: {exc}") from exc
+        raise slurm_error(f"sbatch of the job array {req.job_name} failed: {exc}") from exc
     return str(jobs[0].job_id).partition("_")[0]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from service.slurm.commands import parse_exit_code, parse_gpus, parse_key_values
@@ -114,3 +116,31 @@ def test_forgotten_jobs_are_an_answer_and_an_outage_is_an_error(
         commands.squeue(["42"])
     with pytest.raises(commands.SlurmError, match="Unable to contact"):
         commands.show_jobs(["42", "43"])
+
+
+def test_no_answer_from_slurmctld_is_told_apart_from_a_refusal() -> None:
+    from service.slurm.commands import SlurmError, SlurmUnreachable, slurm_error
+
+    no_answer = [
+        "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+        "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+        "(connect failure)",
+        "scontrol: error: Zero Bytes were transmitted or received",
+    ]
+    for message in no_answer:
+        assert isinstance(slurm_error(message), SlurmUnreachable), message
+    refusal = slurm_error("sbatch: error: Batch job submission failed: Invalid account")
+    assert type(refusal) is SlurmError
+
+
+def test_a_slurm_command_that_outlives_its_timeout_is_no_answer(monkeypatch: Any) -> None:
+    import subprocess
+
+    from service.slurm import commands
+
+    def hangs(*args: Any, **kwargs: Any) -> None:
+        raise subprocess.TimeoutExpired(cmd="scontrol", timeout=commands.TIMEOUT_S)
+
+    monkeypatch.setattr(commands.subprocess, "run", hangs)
+    with pytest.raises(commands.SlurmUnreachable):
+        commands.run_slurm(["scontrol", "ping"])

@@ -69,6 +69,40 @@ def test_a_job_whose_worker_reports_before_the_adopting_tick_is_still_adopted(
     assert cluster.attempts(run_id)[0].state == AttemptState.FAILED, "its end is seen"
 
 
+def test_an_sbatch_slurmctld_did_not_answer_is_tried_again_not_failed(cluster: Cluster) -> None:
+    """No answer is not a refusal: the run does not fail for a slurmctld restart."""
+    run_id = cluster.submit_run("no-answer")
+    cluster.slurm.break_call("submit")  # "slurmctld not responding": nothing was queued
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert (
+        attempt.state == AttemptState.SUBMITTING and cluster.run(run_id).state == RunState.PENDING
+    )
+    cluster.slurm.heal_call("submit")
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.state == AttemptState.PENDING and len(cluster.slurm.jobs) == 1
+
+
+def test_an_sbatch_whose_answer_was_lost_is_adopted_not_queued_twice(cluster: Cluster) -> None:
+    """sbatch timed out after slurmctld had queued the job: the next pass finds the job by
+    its name and records it; nothing is submitted a second time, no token minted again."""
+    run_id = cluster.submit_run("answer-lost")
+    cluster.slurm.lose_answer("submit")
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    (queued,) = cluster.slurm.jobs
+    assert attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None
+    (token,) = tokens_of(attempt.id)
+    cluster.slurm.heal_call("submit")
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.slurm_job_id == queued and attempt.state == AttemptState.PENDING
+    assert cluster.slurm.calls["submit"] == 1 and len(cluster.slurm.jobs) == 1
+    (still,) = tokens_of(attempt.id)  # the job runs on the token written before sbatch
+    assert still.id == token.id and still.revoked_at is None
+
+
 def test_when_slurm_cannot_list_the_queue_nothing_is_submitted_blind(cluster: Cluster) -> None:
     run_id = cluster.submit_run("blind")
     cluster.slurm.break_call("jobs_by_name")
