@@ -51,10 +51,10 @@ from worker.step import ReportWindow, build_optimizer, next_token_loss
 from worker.train import (
     MAX_STEPS_PER_REPORT,
     TrainResult,
-    _check_resume_point,
     _report,
     lr_at,
     register_commit,
+    resume_from_checkpoint,
 )
 
 # A replacement group waits this long for a quorum (its peers may be mid-step, or the
@@ -208,8 +208,8 @@ def replica_loop(
         lambda: {k: v.state_dict() for k, v in state.items()},
     )
     if config.resume_from is not None:  # the classic path: every group from the same disk step
-        _check_resume_point(config.resume_from)
-        checkpoint.load(Path(config.resume_from.path), state)
+        # A corrupt one is reported as such, so the next attempt resumes from the one before.
+        resume_from_checkpoint(config.resume_from, state, reporter, is_rank0)
         manager.load_state_dict({"step": trainer.step, "batches_committed": trainer.step})
 
     last_checkpoint_step = trainer.step

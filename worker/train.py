@@ -93,6 +93,31 @@ def _check_resume_point(resume: ResumePoint) -> None:
         )
 
 
+def resume_from_checkpoint(
+    resume: ResumePoint, state: dict[str, Any], reporter: Reporter, is_rank0: bool
+) -> None:
+    """Load the checkpoint the service chose into `state`, every rank together. A corrupt
+    one is reported CORRUPT by rank 0, so the service resumes the next attempt from the one
+    before; any other failure to load carries the step for entry.py's report (the service
+    takes a checkpoint that fails to load twice the same way for corrupt). Shared by the
+    plain and the replica-group loops."""
+    _check_resume_point(resume)
+    path = Path(resume.path)
+    try:
+        # collective: the ranks verify the checksums, then each reads the parts it needs
+        checkpoint.load(path, state)
+    except checkpoint.CheckpointCorruptError as exc:
+        if is_rank0:
+            print(f"refusing to resume: {exc}", flush=True)
+            reporter.checkpoint(exc.step, exc.path, "CORRUPT", detail=exc.detail)
+        raise
+    except Exception as exc:
+        exc.runyard_load_step = resume.step  # type: ignore[attr-defined]
+        raise
+    if is_rank0:
+        print(f"resumed from {path} at step {resume.step}", flush=True)
+
+
 @contextmanager
 def _event_on_signal(signum: signal.Signals) -> Iterator[threading.Event]:
     """An event set when `signum` arrives (signal handlers can only be set on the main thread)."""
@@ -177,26 +202,9 @@ def train_loop(
     state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
     checkpointer = checkpoint.AsyncCheckpointer(config.checkpoint_path, state)
     if config.resume_from is not None:
-        _check_resume_point(config.resume_from)
-        path = Path(config.resume_from.path)
-        try:
-            # collective: the ranks verify the checksums, then each reads the parts it needs
-            checkpoint.load(path, state)
-        except checkpoint.CheckpointCorruptError as exc:
-            # The service marks it CORRUPT and resumes the next attempt from the one before.
-            if is_rank0:
-                print(f"refusing to resume: {exc}", flush=True)
-                reporter.checkpoint(exc.step, exc.path, "CORRUPT", detail=exc.detail)
-            raise
-        except Exception as exc:
-            # Any other failure to load: entry.py reports it as such; the service takes a
-            # checkpoint that fails to load twice the same way for corrupt.
-            exc.runyard_load_step = config.resume_from.step  # type: ignore[attr-defined]
-            raise
-        if is_rank0:
-            print(f"resumed from {path} at step {trainer.step}", flush=True)
-            if trainer.step != config.resume_from.step:
-                print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
+        resume_from_checkpoint(config.resume_from, state, reporter, is_rank0)
+        if is_rank0 and trainer.step != config.resume_from.step:
+            print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
     if is_rank0:
         resumed = config.resume_from.step if config.resume_from is not None else 0
         for abandoned in checkpoint.discard_abandoned(config.checkpoint_path, resumed):

@@ -63,11 +63,15 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
     todo: list[AttemptRequest] = []
     with session_scope() as session:
         # Placed runs only, filtered in SQL: 10,000 queued runs must not be loaded per tick.
+        # Locked, as cancel_run locks a run: a cancel that read "PENDING, no attempt" and
+        # committed CANCELLED between this read and the new attempt's insert would leave a
+        # job queued under a cancelled run; now it waits, and sees the attempt.
         placed = session.scalars(
             select(Run)
             .where(Run.state == RunState.PENDING, func.cardinality(Run.nodes) >= Run.num_nodes)
             .options(selectinload(Run.attempts))
             .order_by(Run.id)
+            .with_for_update(of=Run)
         ).all()
         for run in placed:
             if replica_groups(run) > 1:

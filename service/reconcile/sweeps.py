@@ -66,7 +66,8 @@ def _prepare(settings: Settings) -> list[ArrayRequest]:
             select(Sweep).where(Sweep.submitted_at.is_(None)).order_by(Sweep.id).with_for_update()
         ).all()
         for sweep in sweeps:
-            runs = repository.sweep_runs(session, sweep.id)
+            # Locked: a member cancelled meanwhile is not given an attempt (submission.py).
+            runs = repository.sweep_runs(session, sweep.id, for_update=True)
             run_of = {a.id: r.id for r in runs for a in r.attempts}
             if not sweep.array_attempt_ids:
                 waiting = [r for r in runs if r.state == RunState.PENDING and not r.attempts]

@@ -58,13 +58,15 @@ def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run
     return session.scalars(stmt).all()
 
 
-def sweep_runs(session: Session, sweep_id: int) -> Sequence[Run]:
+def sweep_runs(session: Session, sweep_id: int, *, for_update: bool = False) -> Sequence[Run]:
     stmt = (
         select(Run)
         .where(Run.sweep_id == sweep_id)
         .options(selectinload(Run.attempts))
         .order_by(Run.sweep_index)
     )
+    if for_update:  # in sweep_index order, as cancel_sweep takes them
+        stmt = stmt.with_for_update(of=Run)
     return session.scalars(stmt).all()
 
 

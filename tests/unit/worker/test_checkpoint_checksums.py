@@ -121,3 +121,38 @@ def test_fault_specs_name_a_rank_an_attempt_and_a_run(monkeypatch: pytest.Monkey
     assert parsed[1].fires("after_step", 30, 3)
     with pytest.raises(ValueError, match="not one of"):
         faults.parse("explode:3")
+
+
+class RecordingReporter:
+    """What rank 0 tells the service about checkpoints, kept to be read back."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, str, str]] = []
+
+    def checkpoint(self, step: int, path: str, state: str, *_: object, **__: object) -> bool:
+        self.reports.append((step, path, state))
+        return True
+
+
+def test_resuming_from_a_corrupt_checkpoint_reports_it_for_both_training_loops(
+    tmp_path: Path, one_rank_world: None
+) -> None:
+    """worker.train.resume_from_checkpoint is what the plain and the replica-group loops
+    both resume with: a checkpoint that fails its checksums is reported CORRUPT, so the
+    service resumes the next attempt from the one before instead of failing again."""
+    from contract import ResumePoint
+    from worker.train import resume_from_checkpoint
+
+    checkpoint.save(tmp_path, 5, tiny_state())
+    newest = checkpoint.save(tmp_path, 10, tiny_state())
+    faults.corrupt_one_byte(newest.path, rank=0)
+    reporter = RecordingReporter()
+    point = ResumePoint(step=10, path=str(newest.path))
+    with pytest.raises(checkpoint.CheckpointCorruptError):
+        resume_from_checkpoint(point, tiny_state(), reporter, is_rank0=True)  # type: ignore[arg-type]
+    assert reporter.reports == [(10, str(newest.path), "CORRUPT")]
+    state = tiny_state()
+    resume_from_checkpoint(
+        ResumePoint(step=5, path=str(tmp_path / "step_00000005")), state, reporter, is_rank0=True
+    )  # type: ignore[arg-type]
+    assert len(reporter.reports) == 1, "the good one before it loads, with nothing to report"
