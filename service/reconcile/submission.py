@@ -27,7 +27,7 @@ from service.models.base import utcnow
 from service.recovery import timeline
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
-from service.runs import repository
+from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.runs.service import run_folder
@@ -168,6 +168,7 @@ def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     committed checkpoint; its job name is unique, so a crash mid-submit can find it."""
     number = len(run.attempts) + 1
     newest = repository.newest_committed_checkpoint(session, run.id)
+    sdc.forget_clean_steps_after(run, newest.step if newest else 0)
     attempt = Attempt(
         run_id=run.id,
         number=number,

@@ -45,7 +45,7 @@ from service.nodes.lifecycle import node_event, set_node_state
 from service.recovery import spares
 from service.recovery.paths import RecoveryPath, choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
-from service.runs import repository
+from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.service import run_folder
 from service.slurm.client import SlurmClient
@@ -126,6 +126,8 @@ def new_group_attempt(
     """A SUBMITTING attempt for one group: from the newest committed checkpoint when every
     group starts (`from_disk`), else (a replacement) with no resume step: it heals."""
     newest = repository.newest_committed_checkpoint(session, run.id) if from_disk else None
+    if from_disk:  # every group restarts there: a new timeline (a replacement heals instead)
+        sdc.forget_clean_steps_after(run, newest.step if newest else 0)
     number = max((a.number for a in run.attempts), default=0) + 1
     attempt = Attempt(
         run_id=run.id,

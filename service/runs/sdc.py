@@ -2,7 +2,8 @@
 
 Every `sdc_check_every` steps (RunSpec, default 50) the worker's data-parallel replicas
 compare a checksum of their parameters (worker/sdc.py). Each comparison that passes is
-reported with the next progress report and kept as `runs.config["sdc_clean_step"]`. A
+reported with the next progress report and kept as `runs.config["sdc_clean_step"]`,
+lowered to the resume step whenever an attempt starts below it (a new timeline). A
 mismatch is reported as `worker:sdc` with the step, the odd nodes (every replica of a set
 without a majority: two replicas cannot say which of them is right) and the attempt's last
 clean step, and every rank exits. Then:
@@ -42,6 +43,17 @@ def note_clean_step(run: Run, step: int | None) -> None:
     """Keep the newest step at which the replicas matched (from a progress report)."""
     if step is not None and step > run.config.get("sdc_clean_step", -1):
         run.config = {**run.config, "sdc_clean_step": step}  # a new dict: the column sees it
+
+
+def forget_clean_steps_after(run: Run, resume_step: int) -> None:
+    """A new attempt starting from `resume_step` (0: from scratch) trains a new timeline
+    from there, so a clean comparison the run saw later than that was of the old timeline:
+    kept, it would vouch for checkpoints the new one writes up to it, corrupt or not. The
+    state at `resume_step` is an ancestor of the one that compared clean (corrupted
+    parameters stay corrupted), so it becomes the last clean step."""
+    clean = run.config.get("sdc_clean_step")
+    if clean is not None and clean > resume_step:
+        run.config = {**run.config, "sdc_clean_step": resume_step}
 
 
 def record_report(session: Session, run: Run, attempt: Attempt, report: ErrorReport) -> None:

@@ -107,3 +107,28 @@ def test_the_job_ending_before_the_drain_rolls_back_the_same_way(cluster: Cluste
     assert cluster.attempts(run_id)[-1].resume_step is None  # from scratch
     assert {n for n in (b, c) if cluster.node(n).state == NodeState.DRAINED} == {b, c}
     assert a in run.nodes
+
+
+def test_a_clean_comparison_of_an_abandoned_timeline_vouches_for_nothing_after_it(
+    cluster: Cluster,
+) -> None:
+    """Attempt 1 compared clean at step 100 while its save of 90 was still being written,
+    then its job failed: attempt 2 resumes from 60, on a node that corrupts it from step 61
+    on, and commits 90 again. The mismatch at 100 must distrust that 90: the clean
+    comparison at 100 was of attempt 1's timeline, not of attempt 2's."""
+    cluster.set_spares(1)
+    run_id = running(cluster, "sdc-timeline", nodes=3, global_batch=12, keep_checkpoints=10)
+    for step in (30, 60):
+        cluster.train(run_id, step)
+    cluster.train(run_id, 90, committed=False)  # written, not yet committed
+    clean_comparison(cluster, run_id, 100)
+    fail_job(cluster, run_id)  # an exception: attempt 2 resumes from 60
+    second = live_attempt_id(cluster, run_id)
+    assert cluster.attempts(run_id)[1].resume_step == 60
+    cluster.train(run_id, 90)  # attempt 2's 90, after the corruption began
+    odd = cluster.run(run_id).nodes[1]
+    report_sdc(cluster, run_id, 100, [odd], clean=None)  # attempt 2 never compared clean
+    cluster.tick()
+    assert live_attempt_id(cluster, run_id) != second
+    assert states(cluster, run_id)[90] == CheckpointState.CORRUPT
+    assert cluster.attempts(run_id)[-1].resume_step == 60
