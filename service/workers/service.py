@@ -71,7 +71,12 @@ def record_progress(
     mark_running(session, run, attempt)
     now = utcnow()
     attempt.last_heartbeat_at = now
-    for m in report.metrics:
+    # A report whose answer was lost is sent again (worker/reporter.py), perhaps with newer
+    # rows after the old ones: an attempt's steps only go up, so the rows at or below its
+    # highest recorded step are already stored, and are not stored twice.
+    seen = attempt.last_step
+    fresh = [m for m in report.metrics if seen is None or m.step > seen]
+    for m in fresh:
         session.add(
             Metric(
                 run_id=run.id,
@@ -103,14 +108,14 @@ def record_progress(
             settings,
             slow_nodes.on_flagged(session, run, attempt, settings, report.node_update_s.step),
         )
-    if report.metrics:
-        last = max(report.metrics, key=lambda m: m.step)
+    if fresh:
+        last = max(fresh, key=lambda m: m.step)
         run.last_step, run.last_loss = last.step, last.loss
         run.tokens_per_s = last.tokens_per_s
         run.last_progress_at = now
         _summarise_progress(attempt, last.step, now)
         if attempt.first_step is None:
-            attempt.first_step = min(m.step for m in report.metrics)
+            attempt.first_step = min(m.step for m in fresh)
             attempt.first_step_at = now
             timeline.first_step(session, run.id, attempt.first_step)
     return run, attempt
