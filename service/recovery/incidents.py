@@ -10,11 +10,12 @@ import logging
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.orm import selectinload
 
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
-from service.models import Incident, IncidentState, RecoveryAction, Run
+from service.models import Attempt, Incident, IncidentState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.observability import metrics
 from service.observability.logging import log_context
@@ -64,6 +65,16 @@ def process_incidents(settings: Settings, slurm: SlurmClient) -> None:
                 log.exception("incident %s: Slurm call failed; retrying next tick", item.id)
 
 
+def _about_another_attempt(incident: Incident, attempt: Attempt) -> bool:
+    """Whether the signal concerned an attempt before `attempt`, the run's live one: one
+    the incident names, or a node's signal observed before `attempt` was submitted (an
+    agent's outbox delivers late after an outage). Restarting would end a healthy attempt
+    and charge it a restart."""
+    if incident.attempt_id is not None:
+        return incident.attempt_id != attempt.id
+    return attempt.submitted_at is not None and incident.signal_at < attempt.submitted_at
+
+
 def restart_in_place(item: _Todo, slurm: SlurmClient) -> None:
     """A hang or a transient error: restart where the run was (stacks collected for hangs)."""
     stacks = None
@@ -76,8 +87,11 @@ def restart_in_place(item: _Todo, slurm: SlurmClient) -> None:
                 select(Run)
                 .where(Run.state.in_(RUNS_TO_MOVE))
                 .where(Run.nodes.contains([item.node]))
+                .options(selectinload(Run.attempts))  # Run.attempts is lazy="raise"
             ).first()
         attempt = runs_repo.live_attempt(run) if run else None
+        if attempt is not None and _about_another_attempt(incident, attempt):
+            attempt = None  # nothing to restart: the run has moved on since
         target = (
             (run.id, attempt.id, attempt.slurm_job_id, len(attempt.nodes))
             if (run and attempt)

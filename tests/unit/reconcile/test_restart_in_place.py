@@ -41,3 +41,56 @@ def test_a_hung_run_gets_its_stacks_read_then_restarts_on_the_same_nodes(
         (incident,) = session.scalars(select(Incident).where(Incident.run_id == run_id))
         assert incident.signal == "hang:no_progress" and incident.state == IncidentState.OPEN
         assert "allreduce" in incident.details["stacks"]
+
+
+def test_a_node_signal_delivered_after_the_run_moved_on_restarts_nothing(
+    cluster: Cluster,
+) -> None:
+    """An Xid 94 (restart the application) observed during attempt 1 reaches the service
+    only after attempt 2 was submitted (the agent's outbox, after an outage): attempt 2 is
+    healthy and keeps running, with no restart charged."""
+    from service.recovery.classification import Classifier
+    from service.recovery.signals import SignalIn, ingest_node_events
+
+    run_id = cluster.submit_run("late-signal")
+    cluster.cycle()
+    seen_at = utcnow()
+    cluster.slurm.finish(cluster.live_job(run_id), exit_code=1)  # attempt 1 fails
+    cluster.tick(2)
+    cluster.slurm.schedule()
+    cluster.tick()
+    _, second = cluster.attempts(run_id)
+    assert second.state == AttemptState.RUNNING and cluster.run(run_id).num_restarts == 1
+    node = cluster.run(run_id).nodes[0]
+    late = SignalIn(f"{node}-xid-94-late", "xid", 94, "Xid 94: contained ECC", seen_at, {})
+    with session_scope() as session:
+        ingest_node_events(session, node, [late], cluster.settings, Classifier())
+    cluster.tick()
+    assert cluster.attempts(run_id)[-1].id == second.id
+    assert cluster.attempts(run_id)[-1].state == AttemptState.RUNNING
+    assert cluster.run(run_id).num_restarts == 1
+    with session_scope() as session:
+        (incident,) = session.scalars(select(Incident).where(Incident.node_name == node))
+        assert incident.state == IncidentState.RESOLVED
+
+
+def test_an_xid_94_restarts_the_run_on_its_own_nodes(cluster: Cluster) -> None:
+    """A node's restart-the-application signal (no run named: found by its node) ends the
+    live attempt and restarts the run where it was, without draining the node. This path
+    used to fail every tick (the run's attempts were not loaded) and hold up every later
+    incident."""
+    from service.recovery.classification import Classifier
+    from service.recovery.signals import SignalIn, ingest_node_events
+
+    run_id = cluster.submit_run("xid-94")
+    cluster.cycle()
+    job, nodes = cluster.live_job(run_id), cluster.run(run_id).nodes
+    event = SignalIn(f"{nodes[0]}-xid-94", "xid", 94, "Xid 94: contained ECC", utcnow(), {})
+    with session_scope() as session:
+        ingest_node_events(session, nodes[0], [event], cluster.settings, Classifier())
+    cluster.tick()
+    restarted, retry = cluster.attempts(run_id)
+    assert restarted.stop_reason == StopReason.RECOVERY_RESTART
+    assert cluster.slurm.jobs[job].state == "CANCELLED"
+    assert cluster.run(run_id).nodes == nodes and not cluster.slurm.nodes[nodes[0]].drained
+    assert retry.state in (AttemptState.SUBMITTING, AttemptState.PENDING)
