@@ -63,6 +63,9 @@ def process_incidents(settings: Settings, slurm: SlurmClient) -> None:
                     restart_in_place(item, slurm)
             except SlurmError:
                 log.exception("incident %s: Slurm call failed; retrying next tick", item.id)
+            except Exception:  # one incident that cannot be carried out must not hold up
+                # the others behind it (they are taken in id order, every tick)
+                log.exception("incident %s failed; retrying next tick", item.id)
 
 
 def _about_another_attempt(incident: Incident, attempt: Attempt) -> bool:

@@ -4,7 +4,9 @@ collected through the job first, then the job is cancelled; it counts against ma
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from contract import StopReason
@@ -94,3 +96,35 @@ def test_an_xid_94_restarts_the_run_on_its_own_nodes(cluster: Cluster) -> None:
     assert cluster.slurm.jobs[job].state == "CANCELLED"
     assert cluster.run(run_id).nodes == nodes and not cluster.slurm.nodes[nodes[0]].drained
     assert retry.state in (AttemptState.SUBMITTING, AttemptState.PENDING)
+
+
+def test_an_incident_that_cannot_be_carried_out_does_not_hold_up_the_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Incidents are carried out in id order every tick: one that fails with an error that
+    is not Slurm's must not stop the drain of another node behind it."""
+    from service.recovery import incidents
+
+    cluster.set_spares(1)
+    first = cluster.submit_run("first", nodes=1)
+    second = cluster.submit_run("second", nodes=1)
+    cluster.cycle()
+    broken_node = cluster.run(first).nodes[0]
+    failed_node = cluster.run(second).nodes[0]
+    real = incidents.restart_in_place
+
+    def broken(item: Any, slurm: Any) -> None:
+        raise RuntimeError("a bug in one incident's path")
+
+    monkeypatch.setattr(incidents, "restart_in_place", broken)
+    with session_scope() as session:
+        run = session.get(Run, first)
+        assert run is not None
+        run.last_progress_at = utcnow() - timedelta(hours=1)
+    cluster.reconciler.started_at = utcnow() - timedelta(hours=1)
+    cluster.tick()  # the hang check opens the first run's incident
+    cluster.xid(failed_node)  # then the second run's node fails: a later incident
+    cluster.tick()
+    assert cluster.slurm.nodes[failed_node].drained, "the later incident was carried out"
+    assert not cluster.slurm.nodes[broken_node].drained
+    monkeypatch.setattr(incidents, "restart_in_place", real)
