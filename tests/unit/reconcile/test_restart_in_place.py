@@ -109,6 +109,7 @@ def test_an_incident_that_cannot_be_carried_out_does_not_hold_up_the_next(
     first = cluster.submit_run("first", nodes=1)
     second = cluster.submit_run("second", nodes=1)
     cluster.cycle()
+    cluster.train(first, 20)
     broken_node = cluster.run(first).nodes[0]
     failed_node = cluster.run(second).nodes[0]
     real = incidents.restart_in_place
@@ -123,6 +124,9 @@ def test_an_incident_that_cannot_be_carried_out_does_not_hold_up_the_next(
         run.last_progress_at = utcnow() - timedelta(hours=1)
     cluster.reconciler.started_at = utcnow() - timedelta(hours=1)
     cluster.tick()  # the hang check opens the first run's incident
+    with session_scope() as session:
+        (hang,) = session.scalars(select(Incident).where(Incident.run_id == first))
+        assert hang.signal == "hang:no_progress"
     cluster.xid(failed_node)  # then the second run's node fails: a later incident
     cluster.tick()
     assert cluster.slurm.nodes[failed_node].drained, "the later incident was carried out"
