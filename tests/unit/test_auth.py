@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -456,35 +457,51 @@ def test_a_worker_token_dies_with_its_attempt_at_once(
     engine.dispose()
 
 
-def test_revocations_by_another_process_reach_a_running_service_within_a_poll(
-    app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextmanager
+def a_cached_token_and_its_watcher(
+    app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch, poll_s: str, user: str
+) -> Iterator[tuple[TestClient, dict[str, str], Callable[[], None]]]:
+    """A running service (its lifespan starts the revocation watcher, polling every
+    `poll_s`; the TTL stays at 60 s) with `user`'s token authenticated and cached, and a
+    `revoke()` that revokes it from outside, as another process would."""
     from service.config import get_settings
 
-    monkeypatch.setenv("RUNYARD_AUTH_REVOCATION_POLL_S", "0.2")  # the TTL stays at 60 s
+    monkeypatch.setenv("RUNYARD_AUTH_REVOCATION_POLL_S", poll_s)
     get_settings.cache_clear()
     engine = create_engine(database_url)
     try:
         with Session(engine) as s, s.begin():
-            row, token = create_token(s, user="fay", team="alpha", role=Role.USER)
+            row, token = create_token(s, user=user, team="alpha", role=Role.USER)
             token_id = row.id
-        headers = {"Authorization": f"Bearer {token}"}
-        with TestClient(app) as client:  # runs the lifespan, and so the revocation watcher
-            assert client.get("/v1/runs", headers=headers).status_code == 200  # cached
+
+        def revoke() -> None:
             with Session(engine) as s, s.begin():
                 s.get_one(ApiToken, token_id).revoked_at = utcnow()
-            revoked_at = time.monotonic()
-            wait_for(
-                "the watcher to forget the revoked token",
-                lambda: client.get("/v1/runs", headers=headers).status_code == 401,
-                timeout_s=5,
-                interval_s=0.05,
-            )
-            assert time.monotonic() - revoked_at < 2
+
+        headers = {"Authorization": f"Bearer {token}"}
+        with TestClient(app) as client:
+            assert client.get("/v1/runs", headers=headers).status_code == 200  # cached
+            yield client, headers, revoke
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
         engine.dispose()
+
+
+def test_revocations_by_another_process_reach_a_running_service_within_a_poll(
+    app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watcher = a_cached_token_and_its_watcher(app, database_url, monkeypatch, "0.2", "fay")
+    with watcher as (client, headers, revoke):
+        revoke()
+        revoked_at = time.monotonic()
+        wait_for(
+            "the watcher to forget the revoked token",
+            lambda: client.get("/v1/runs", headers=headers).status_code == 401,
+            timeout_s=5,
+            interval_s=0.05,
+        )
+        assert time.monotonic() - revoked_at < 2
 
 
 def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_again(
@@ -496,9 +513,7 @@ def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_aga
     from sqlalchemy.exc import OperationalError
 
     from service.auth import deps
-    from service.config import get_settings
 
-    monkeypatch.setenv("RUNYARD_AUTH_REVOCATION_POLL_S", "0.1")
     monkeypatch.setattr(deps, "REVOCATION_WINDOW", timedelta(seconds=0.2))
     database_down = False
     read_revocations = deps.revoked_since
@@ -509,28 +524,16 @@ def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_aga
         return read_revocations(session, since)
 
     monkeypatch.setattr(deps, "revoked_since", revoked_since)
-    get_settings.cache_clear()
-    engine = create_engine(database_url)
-    try:
-        with Session(engine) as s, s.begin():
-            row, token = create_token(s, user="gil", team="alpha", role=Role.USER)
-            token_id = row.id
-        headers = {"Authorization": f"Bearer {token}"}
-        with TestClient(app) as client:
-            assert client.get("/v1/runs", headers=headers).status_code == 200  # cached
-            database_down = True
-            with Session(engine) as s, s.begin():
-                s.get_one(ApiToken, token_id).revoked_at = utcnow()
-            time.sleep(1.0)  # several failed reads, five windows long
-            assert client.get("/v1/runs", headers=headers).status_code == 200, "still cached"
-            database_down = False
-            wait_for(
-                "the watcher to forget the token revoked while it could not read",
-                lambda: client.get("/v1/runs", headers=headers).status_code == 401,
-                timeout_s=3,
-                interval_s=0.05,
-            )
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
-        engine.dispose()
+    watcher = a_cached_token_and_its_watcher(app, database_url, monkeypatch, "0.1", "gil")
+    with watcher as (client, headers, revoke):
+        database_down = True
+        revoke()
+        time.sleep(1.0)  # several failed reads, five windows long
+        assert client.get("/v1/runs", headers=headers).status_code == 200, "still cached"
+        database_down = False
+        wait_for(
+            "the watcher to forget the token revoked while it could not read",
+            lambda: client.get("/v1/runs", headers=headers).status_code == 401,
+            timeout_s=3,
+            interval_s=0.05,
+        )
