@@ -97,8 +97,8 @@ class FakeSlurm:
     stacks: dict[str, str] = field(default_factory=dict)  # job id -> what run_in_job prints
     calls: Counter[str] = field(default_factory=Counter)
     broken: dict[str, str] = field(default_factory=dict)  # call -> the error it raises
-    # calls that take effect, then time out before their answer comes back
-    answer_lost: set[str] = field(default_factory=set)
+    # sbatch queues its job, then times out before its answer comes back
+    submit_answer_lost: bool = False
     next_id: int = 1000
 
     @classmethod
@@ -122,12 +122,13 @@ class FakeSlurm:
 
     def heal_call(self, call: str) -> None:
         self.broken.pop(call, None)
-        self.answer_lost.discard(call)
+        if call == "submit":
+            self.submit_answer_lost = False
 
-    def lose_answer(self, call: str) -> None:
-        """From now on `call` takes effect (an sbatch queues its job) and then raises
-        SlurmUnreachable, as sbatch does when slurmctld answers after its timeout."""
-        self.answer_lost.add(call)
+    def lose_submit_answer(self) -> None:
+        """From now on `submit` queues its job and then raises SlurmUnreachable, as sbatch
+        does when slurmctld answers after its timeout. heal_call("submit") ends it."""
+        self.submit_answer_lost = True
 
     def schedule(self) -> list[str]:
         """Start every pending job that fits, in Slurm's order (nice, then submission); the
@@ -304,7 +305,7 @@ class FakeSlurm:
             nice=req.nice,
             attempt_id=req.attempt_id,
         )
-        if "submit" in self.answer_lost:
+        if self.submit_answer_lost:
             raise SlurmUnreachable("submit: Socket timed out on send/recv operation")
         return job_id
 

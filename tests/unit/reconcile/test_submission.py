@@ -88,7 +88,7 @@ def test_an_sbatch_whose_answer_was_lost_is_adopted_not_queued_twice(cluster: Cl
     """sbatch timed out after slurmctld had queued the job: the next pass finds the job by
     its name and records it; nothing is submitted a second time, no token minted again."""
     run_id = cluster.submit_run("answer-lost")
-    cluster.slurm.lose_answer("submit")
+    cluster.slurm.lose_submit_answer()
     cluster.tick()
     (attempt,) = cluster.attempts(run_id)
     (queued,) = cluster.slurm.jobs
