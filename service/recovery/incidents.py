@@ -24,7 +24,7 @@ from service.recovery.move_to_spare import RUNS_TO_MOVE, drain_and_move
 from service.recovery.restart import end_attempt_and_restart
 from service.recovery.signals import OPEN_STATES
 from service.runs import repository as runs_repo
-from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,8 @@ def process_incidents(settings: Settings, slurm: SlurmClient) -> None:
                     )
                 elif item.action in (RecoveryAction.RESTART, RecoveryAction.RESTART_SAME_NODES):
                     restart_in_place(item, slurm)
-            except SlurmError:
-                log.exception("incident %s: Slurm call failed; retrying next tick", item.id)
-            except Exception:  # one incident that cannot be carried out must not hold up
-                # the others behind it (they are taken in id order, every tick)
+            except Exception:  # a Slurm call that failed, or anything else: retried next
+                # tick, without holding up the incidents behind it (taken in id order)
                 log.exception("incident %s failed; retrying next tick", item.id)
 
 
