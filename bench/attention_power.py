@@ -187,15 +187,18 @@ def measure_call(
         both_s = timed(forward_and_backward, args.seconds, device)
     backward_power = sampler.means()
     backward_s = max(both_s - forward_s, 1e-9)
-    planner = None
+    planner_tflops: tuple[float, float] | None = None  # forward, backward
     if hardware is not None:
-        kernel_hw = hardware_with_sdpa(hardware)
-        planner = kernel_efficiency(kernel_hw, keys, HEAD_DIM, causal)
+        sdpa = replace(hardware, attention_kernel=KERNELS["pytorch-sdpa-flash"])  # what runs
+        efficiency = kernel_efficiency(sdpa, keys, HEAD_DIM, causal)
+        planner_tflops = (
+            efficiency[0] * hardware.peak_bf16_flops / 1e12,
+            efficiency[1] * hardware.peak_bf16_flops / 1e12,
+        )
     for direction, seconds, work, (watts, mhz), index in (
         ("forward", forward_s, flops, forward_power, 0),
         ("backward", backward_s, ATTENTION_BACKWARD_RATIO * flops, backward_power, 1),
     ):
-        predicted = None if planner is None else planner[index] * hardware_peak(hardware)
         calls.append(
             Call(
                 name,
@@ -205,21 +208,12 @@ def measure_call(
                 causal,
                 ms=seconds * 1e3,
                 tflops=work / seconds / 1e12,
-                planner_tflops=None if predicted is None else predicted / 1e12,
+                planner_tflops=None if planner_tflops is None else planner_tflops[index],
                 watts=watts,
                 sm_mhz=mhz,
             )
         )
     return calls
-
-
-def hardware_with_sdpa(hardware: Hardware) -> Hardware:
-    """The preset with the kernel the bench runs: PyTorch's SDPA flash build."""
-    return replace(hardware, attention_kernel=KERNELS["pytorch-sdpa-flash"])
-
-
-def hardware_peak(hardware: Hardware | None) -> float:
-    return 0.0 if hardware is None else hardware.peak_bf16_flops
 
 
 def measure_gemm(
