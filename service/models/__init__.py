@@ -2,6 +2,7 @@
 
 from service.models.auth import ApiToken, AuditEntry, Role, Team
 from service.models.base import Base
+from service.models.identity import UserLink
 from service.models.incident import ClusterSetting, Incident, IncidentState, RecoveryAction
 from service.models.node import Node, NodeEvent, NodeState
 from service.models.run import (
@@ -38,4 +39,5 @@ __all__ = [
     "RunState",
     "Sweep",
     "Team",
+    "UserLink",
 ]

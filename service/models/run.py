@@ -93,6 +93,10 @@ class Run(Timestamped, Base):
     name: Mapped[str] = mapped_column(String(128))
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     team: Mapped[str] = mapped_column(String(64), default="", server_default="", index=True)
+    # Who its jobs run as and are charged to, fixed at submission (service/identity/): a
+    # later re-link applies to new runs, never to the attempts of one already accepted.
+    unix_user: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    slurm_account: Mapped[str] = mapped_column(String(64), default="", server_default="")
     priority: Mapped[str] = mapped_column(String(16), default="research", server_default="research")
     state: Mapped[RunState] = mapped_column(_enum(RunState, "run_state"), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")

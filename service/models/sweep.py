@@ -19,6 +19,8 @@ class Sweep(Timestamped, Base):
     name: Mapped[str] = mapped_column(String(128))
     owner: Mapped[str] = mapped_column(String(64), default="")
     team: Mapped[str] = mapped_column(String(64), default="", index=True)
+    unix_user: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    slurm_account: Mapped[str] = mapped_column(String(64), default="", server_default="")
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)  # as submitted, grid included
     max_parallel: Mapped[int] = mapped_column(Integer)  # the array's %limit
     job_name: Mapped[str] = mapped_column(String(128), default="")
