@@ -40,10 +40,7 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
 
             run_entrypoint(config, read_launch_env(), service_url)
             return
-        from worker.train import train
-
-        if config.fault_tolerance is not None:  # one replica group of the run
-            from worker.fault_tolerance import train_replica_group as train
+        from worker.train import train  # a replica group's too (config.fault_tolerance)
 
         launch = read_launch_env()
         reporter: Reporter = Reporter()

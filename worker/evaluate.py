@@ -43,34 +43,43 @@ class Evaluator:
         return step % self.every == 0
 
     def _batch_losses(self, model: TrainingModel, batch: int) -> tuple[torch.Tensor, int]:
-        """Sum and count of this rank's micro-batch losses on held-out batch `batch`."""
+        """Sum and count of this rank's micro-batch losses on held-out batch `batch`. A
+        replica group scores every share of it (worker/cross_group.py), so its figure is
+        the whole batch's, as a run without groups has it."""
         config, dims = self.config, self.dims
         accum, mbs = config.grad_accum, config.layout.micro_batch_size
         dp_rank, cp_rank = dims.mesh("dp").get_local_rank(), dims.mesh("cp").get_local_rank()
+        run_dp = config.layout.dp
         micro = [
             tuple(
                 shard_sequence(t, dims.cp, cp_rank).to(self.device)
-                for t in self.batches.micro_batch(batch, m, dp_rank, dims.dp, mbs)
+                for t in self.batches.micro_batch(batch, m, share * dims.dp + dp_rank, run_dp, mbs)
             )
+            for share in range(run_dp // dims.dp)
             for m in range(accum)
         ]
         if model.schedule is not None:
-            # The schedule's forward-only pass; sync: activations go point-to-point.
-            inputs, targets = (torch.cat([mb[i] for mb in micro]) for i in (0, 1))
+            # The schedule's forward-only pass, a share at a time (its losses come back
+            # divided by accum: worker/parallel/pipeline.py); sync: activations go
+            # point-to-point.
             losses: list[torch.Tensor] = []
-            with model.autocast():
-                if model.has_first_stage:
-                    model.schedule.eval(inputs, target=targets, losses=losses)
-                else:
-                    model.schedule.eval(target=targets, losses=losses)
-            total = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
-            return total, len(losses)
+            for first in range(0, len(micro), accum):
+                chunk = micro[first : first + accum]
+                inputs, targets = (torch.cat([mb[i] for mb in chunk]) for i in (0, 1))
+                with model.autocast():
+                    if model.has_first_stage:
+                        model.schedule.eval(inputs, target=targets, losses=losses)
+                    else:
+                        model.schedule.eval(target=targets, losses=losses)
+            if not losses:
+                return torch.zeros((), device=self.device), 0
+            return torch.stack(losses).sum() * accum, len(losses)
         total = torch.zeros((), device=self.device)
         for inputs, targets in micro:
             with model.autocast():
                 logits = model.parts[0](inputs)
             total += next_token_loss(logits, targets)
-        return total, accum
+        return total, len(micro)
 
     @torch.no_grad()
     def loss(self, model: TrainingModel) -> float:

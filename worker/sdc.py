@@ -19,7 +19,7 @@ fleet costs more than a healthy node's trip through diagnostics).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +42,8 @@ class Mismatch:
     def describe(self, nodes: list[str]) -> str:
         named = ", ".join(f"rank {r} on {nodes[r]}" for r in self.ranks)
         how = "no majority: every replica named" if self.ambiguous else "outvoted"
+        if not self.ranks:  # replica groups: another group's copy is the odd one
+            named, how = "none of this replica group's ranks", "another group is odd"
         return (
             f"parameter checksums of data-parallel replicas differ at step {self.step}: "
             f"{named} ({how})"
@@ -95,12 +97,40 @@ def odd_ones(checksums: list[int], keys: list[int]) -> tuple[list[int], bool]:
 
 
 def compare_replicas(
-    step: int, parameters: Iterable[torch.Tensor], key: int, device: torch.device
+    step: int,
+    parameters: Iterable[torch.Tensor],
+    key: int,
+    device: torch.device,
+    across_groups: Callable[[torch.Tensor], tuple[list[int], int] | None] | None = None,
+    within_group: bool = True,
 ) -> Mismatch | None:
-    """Every rank, on the same step: gather every rank's checksum and judge them."""
-    mine = torch.stack([param_checksum(parameters), torch.tensor(key, device=device)])
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)  # sync: one small collective every sdc_check_every steps
+    """Every rank, on the same step: gather every rank's checksum and judge them.
+
+    `within_group`: compare data-parallel peers of this process group (replicas_are_equal).
+    `across_groups` (replica groups, worker/cross_group.py) gives every group's checksum at
+    this rank's mesh coordinate: a group outvoted there, or in a pair without a majority,
+    names its rank. Any mismatch anywhere stops every rank of every group."""
+    checksum = param_checksum(parameters)
+    # 0: agrees with the other groups (or none to ask); 1: outvoted; 2: no majority;
+    # 3: another group is odd here (this rank is right, but the run must stop too).
+    verdict = 0
+    seen = across_groups(checksum) if across_groups is not None else None
+    if seen is not None:
+        values, mine = seen
+        odd, ambiguous = odd_ones(values, [0] * len(values))
+        verdict = (2 if ambiguous else 1) if mine in odd else (3 if odd else 0)
+    mine_t = torch.stack(
+        [checksum, torch.tensor(key, device=device), torch.tensor(verdict, device=device)]
+    )
+    gathered = [torch.empty_like(mine_t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine_t)  # sync: one small collective every sdc_check_every steps
     values = torch.stack(gathered).tolist()  # host sync: on a report step, as always
-    ranks, ambiguous = odd_ones([int(v[0]) for v in values], [int(v[1]) for v in values])
-    return Mismatch(step, ranks, ambiguous) if ranks else None
+    ranks, ambiguous = [], False
+    if within_group:
+        ranks, ambiguous = odd_ones([int(v[0]) for v in values], [int(v[1]) for v in values])
+    verdicts = [int(v[2]) for v in values]
+    ranks = sorted(set(ranks) | {r for r, v in enumerate(verdicts) if v in (1, 2)})
+    ambiguous = ambiguous or 2 in verdicts
+    if ranks or 3 in verdicts:
+        return Mismatch(step, ranks, ambiguous)
+    return None

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from contract import WorkerRunConfig
+from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence
@@ -70,43 +71,55 @@ def forward_backward(
     config: WorkerRunConfig,
     dims: ParallelDims,
     device: torch.device,
+    shares: Sequence[int] = (0,),
 ) -> tuple[torch.Tensor, int]:
-    """Every micro batch of `step` forward and backward, gradients accumulating in the
-    parameters. Returns the sum of the micro-batch losses this rank computed, and how many."""
+    """Every micro batch of `step` this group trains, forward and backward, gradients
+    accumulating in the parameters. `shares` are the shares of the global batch it trains
+    (worker/cross_group.py; a run without replica groups has one, 0): share v is the run's
+    data-parallel ranks v x dims.dp .. (v + 1) x dims.dp - 1. Returns the sum of the
+    micro-batch losses this rank computed, and how many."""
     accum, mbs = config.grad_accum, config.layout.micro_batch_size
     dp_rank, cp_rank = dims.mesh("dp").get_local_rank(), dims.mesh("cp").get_local_rank()
+    run_dp = config.layout.dp  # the run's data-parallel degree: every share's ranks
     micro = []
-    for m in range(accum):
-        inputs, targets = batches.micro_batch(step, m, dp_rank, dims.dp, mbs)
-        # Context parallel: each cp rank keeps its two chunks of every sequence.
-        micro.append(
-            tuple(
-                _to_device(shard_sequence(t, dims.cp, cp_rank), device) for t in (inputs, targets)
+    for share in shares:
+        for m in range(accum):
+            rows = share * dims.dp + dp_rank
+            inputs, targets = batches.micro_batch(step, m, rows, run_dp, mbs)
+            # Context parallel: each cp rank keeps its two chunks of every sequence.
+            micro.append(
+                tuple(
+                    _to_device(shard_sequence(t, dims.cp, cp_rank), device)
+                    for t in (inputs, targets)
+                )
             )
-        )
     if model.schedule is not None:
-        # The schedule cuts the step's batch back into `accum` micro batches and runs 1F1B:
+        # The schedule cuts a share's batch back into `accum` micro batches and runs 1F1B
+        # (once per share: its loss is scaled by 1 / accum, so gradients add up across
+        # calls; worker/parallel/pipeline.py).
         # sync: activations and their gradients go point-to-point between stages.
-        inputs, targets = (torch.cat([mb[i] for mb in micro]) for i in (0, 1))
         losses: list[torch.Tensor] = []
-        with model.autocast():
-            if model.has_first_stage:
-                model.schedule.step(inputs, target=targets, losses=losses)
-            else:
-                model.schedule.step(target=targets, losses=losses)
-        total = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+        for first in range(0, len(micro), accum):
+            chunk = micro[first : first + accum]
+            inputs, targets = (torch.cat([mb[i] for mb in chunk]) for i in (0, 1))
+            with model.autocast():
+                if model.has_first_stage:
+                    model.schedule.step(inputs, target=targets, losses=losses)
+                else:
+                    model.schedule.step(target=targets, losses=losses)
+        total = torch.stack(losses).sum() * accum if losses else torch.zeros((), device=device)
         return total.detach(), len(losses)
     total = torch.zeros((), device=device)
     for m, (inputs, targets) in enumerate(micro):
         # sync: data parallel reduces gradients during backward; on all but the last micro
         # batch it holds them back (DDP, ZeRO-1) so accumulation costs one reduction a step.
-        set_micro_batch_sync(model.parts, config.layout.zero_stage, last=m == accum - 1)
+        set_micro_batch_sync(model.parts, config.layout.zero_stage, last=m == len(micro) - 1)
         with model.autocast():
             logits = model.parts[0](inputs)
         loss = next_token_loss(logits, targets)
         (loss / accum).backward()
         total += loss.detach()
-    return total, accum
+    return total, len(micro)
 
 
 def train_step(
@@ -118,20 +131,33 @@ def train_step(
     config: WorkerRunConfig,
     dims: ParallelDims,
     device: torch.device,
+    sync: CrossGroupSync,
     before_update: Callable[[], None] | None = None,
     update_timer: UpdateTimer | None = None,
     slow_down: Callable[[], object] | None = None,
-) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """One optimizer step, without a host sync: returns the rank's loss sum and its count
-    (as forward_backward) and the global gradient norm before clipping, on the device.
+) -> tuple[torch.Tensor, int, torch.Tensor] | None:
+    """One optimizer step, without a host sync: returns the loss sum and its count over
+    every share (as forward_backward) and the global gradient norm before clipping, on the
+    device; None when the replica groups voted the step down (nothing was applied: the
+    loop trains it again). `sync` is the cross-group synchronizer (worker/cross_group.py).
     `before_update` runs just before the weights change (the loop waits there for a
     checkpoint's copy of them). `update_timer` times the update, the rank's own work with
     no collective in it (worker/stragglers.py); `slow_down` runs inside it (fault hook)."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr  # a Python float: AdamW reads it on the host
-    loss_sum, num_losses = forward_backward(model, batches, step, config, dims, device)
+    loss_sum, num_losses = forward_backward(
+        model, batches, step, config, dims, device, sync.shares()
+    )
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # sync (groups): gradient shards and losses summed with the same mesh coordinate in
+    # every other group (nothing without replica groups).
+    loss_sum, num_losses = sync.sum_gradients(grads, loss_sum, num_losses)
     grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
+    if not sync.should_commit():  # a group failed during the step: apply nothing
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        return None
     if before_update is not None:
         before_update()
     if update_timer is not None:

@@ -30,6 +30,7 @@ from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
 from contract.run_config import data_step
 from worker import checkpoint, faults, sdc
 from worker.anomaly import Anomaly, SpikeDetector, TrainingAnomalyError
+from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
@@ -140,13 +141,25 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
     if problems:
         raise DoNotRetryError("; ".join(f"{p.field}: {p.message}" for p in problems))
     faults.set_context(config.name, config.attempt_number)  # faults may name either
+    if config.fault_tolerance is not None:
+        from worker import fault_tolerance  # torchft: only replica-group runs import it
+
+        fault_tolerance.leave_on_sigterm()
     device = pick_device(launch.local_rank)
     init_distributed(launch, device)
+    sync = CrossGroupSync()  # a run without replica groups: nothing across groups
     try:
+        if config.fault_tolerance is not None:
+            # This rank's link to the same mesh coordinate in the other replica groups.
+            sync = fault_tolerance.ReplicaGroupSync(
+                config.fault_tolerance, config.run_id, launch.master_addr, launch.master_port
+            )
         # Slurm sends SIGUSR2 ahead of the time limit (sbatch --signal, set by the service):
         # stop at the next step with a checkpoint instead of being killed between two.
         with _event_on_signal(signal.SIGUSR2) as time_limit_near:
-            return train_loop(config, reporter, device, time_limit_near)
+            result = train_loop(config, reporter, device, time_limit_near, sync)
+        sync.close(failed=False)
+        return result
     except BaseException as exc:
         _note_failed_step(exc)  # before the frames are cleared
         # The failed frame still holds the model, whose data-parallel state holds groups.
@@ -154,6 +167,7 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         # held while gloo's worker thread waits for the GIL: a hang instead of an exit
         # (pytorch/pytorch#56297). Free those locals now, while the group is still alive.
         traceback.clear_frames(exc.__traceback__)
+        sync.close(failed=True)  # the other groups learn now, not at a collective timeout
         raise
     finally:
         shutdown_distributed()
@@ -175,13 +189,18 @@ def train_loop(
     reporter: Reporter,
     device: torch.device,
     time_limit_near: threading.Event | None = None,
+    sync: CrossGroupSync | None = None,
 ) -> TrainResult:
     """Train on the default process group, which the caller set up (train() does; the
-    layout tests train several layouts in one group of processes)."""
+    layout tests train several layouts in one group of processes). `sync` links this
+    group to the run's other replica groups (worker/fault_tolerance.py); without it, or
+    with the plain CrossGroupSync, the run is this one group. The loop is the same."""
     time_limit_near = time_limit_near or threading.Event()
+    sync = sync or CrossGroupSync()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
-    dims = ParallelDims.from_layout(config.layout, world_size)
+    # The group's layout: the run's, with its share of data parallel (all of it for one).
+    dims = ParallelDims.from_layout(sync.group_layout(config.layout), world_size)
     dims.build_mesh(device.type)
     torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
 
@@ -205,7 +224,10 @@ def train_loop(
         resume_from_checkpoint(config.resume_from, state, reporter, is_rank0)
         if is_rank0 and trainer.step != config.resume_from.step:
             print(f"warning: resume_from.step is {config.resume_from.step}", flush=True)
-    if is_rank0:
+    # A peer heals from exactly what a checkpoint holds; a resume sets the groups' step.
+    sync.attach(state, trainer.step if config.resume_from is not None else None)
+    # Replica groups keep what is on disk: a late group could delete a peer's fresh commit.
+    if is_rank0 and sync.groups == 1:
         resumed = config.resume_from.step if config.resume_from is not None else 0
         for abandoned in checkpoint.discard_abandoned(config.checkpoint_path, resumed):
             print(f"deleted {abandoned.name}: above the resume point, not trusted", flush=True)
@@ -231,16 +253,19 @@ def train_loop(
     # reports carry every rank's mean, and rank 0 sends each node's slowest.
     update_timer, nodes = UpdateTimer(device), rank_nodes(node_name())
     # Silent data corruption: replicas compare a parameter checksum every sdc_check_every
-    # steps (only layouts whose dp peers hold equal copies).
+    # steps (only layouts whose dp peers hold equal copies); replica groups always compare
+    # each rank with the same mesh coordinate in the other groups, whatever the layout.
     parameters = [p for part in model.parts for p in part.parameters()]
-    sdc_on = config.sdc_check_every is not None and sdc.replicas_are_equal(
-        dims, config.layout.zero_stage
-    )
+    sdc_within = sdc.replicas_are_equal(dims, config.layout.zero_stage)
+    sdc_on = config.sdc_check_every is not None and (sdc_within or sync.groups > 1)
     sdc_key, last_clean_step = sdc.replica_key(dims), None
     if is_rank0 and config.sdc_check_every is not None and not sdc_on:
         print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
 
-    for step in range(trainer.step + 1, config.steps + 1):
+    writer = sync.writes_checkpoints()  # this group writes the run's checkpoints
+    # sync (groups): the next step is agreed with the other replica groups (a replacement
+    # heals here from a live one); without groups it is simply the one after.
+    while (step := sync.next_step(trainer.step)) <= config.steps:
         step_started = time.monotonic()
         lr = lr_at(step, config)
         # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
@@ -251,7 +276,7 @@ def train_loop(
         # The data position is the step, shifted past the windows the service's rollbacks
         # skipped (contract.run_config.data_step): exact, and the same on every resume.
         position = data_step(step, config.data_skips)
-        loss_sum, num_losses, grad_norm = train_step(
+        stepped = train_step(
             model,
             optimizers,
             batches,
@@ -260,10 +285,14 @@ def train_loop(
             config,
             dims,
             device,
+            sync,
             checkpointer.wait_for_staging,
             update_timer,
             functools.partial(faults.slow_down, step, rank),  # slow_step: in the timed update
         )
+        if stepped is None:  # a replica group failed during the step: train it again
+            continue
+        loss_sum, num_losses, grad_norm = stepped
         faults.flip_param(step, rank, parameters)  # flip_param: one replica diverges
         if faults.poisoned(step, rank):  # nan_at_step: on the device, no sync
             loss_sum = loss_sum * float("nan")
@@ -306,7 +335,9 @@ def train_loop(
                 _stop_for_anomaly(anomaly, reporter, is_rank0, checkpointer, committed)
             if sdc_due:
                 # Before any save at this step too: none is written from corrupted weights.
-                mismatch = sdc.compare_replicas(step, parameters, sdc_key, device)
+                mismatch = sdc.compare_replicas(
+                    step, parameters, sdc_key, device, sync.gather_across_groups, sdc_within
+                )
                 if mismatch is not None:
                     _stop_for_sdc(
                         mismatch,
@@ -323,7 +354,9 @@ def train_loop(
 
         committed(checkpointer.poll())  # the previous save, if it completed meanwhile
         last = step == config.steps or stop
-        if checkpoint_due or last:
+        # One writer per step: the group with participating rank 0 in this step's quorum.
+        writer = sync.writes_checkpoints()
+        if writer and (checkpoint_due or last):
             # sync (host only): one save in flight at a time; by now the last one is
             # usually long done, checkpoint_every steps having passed.
             committed(checkpointer.wait())
@@ -346,8 +379,9 @@ def train_loop(
 
     committed(checkpointer.wait())  # resumed at the last step: nothing in flight, a no-op
     checkpointer.close()  # its staging thread and host copy of the state
-    # Stopped early, the run is not finished: the service resumes or cancels it.
-    if is_rank0 and not stopped_early:
+    # Stopped early, the run is not finished: the service resumes or cancels it. Of replica
+    # groups, the writer of the last checkpoint says so.
+    if is_rank0 and not stopped_early and writer:
         reporter.finish(trainer.step, last_checkpoint_step)
     return TrainResult(trainer.step, last_checkpoint_step, stopped_early)
 

@@ -81,11 +81,14 @@ def build_schedule(
     device: torch.device,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> _PipelineSchedule:
-    """The schedule that runs one optimizer step's micro batches through this rank's stages.
+    """The schedule that runs one data share's micro batches through this rank's stages.
 
-    It calls loss_fn per micro batch on the last stage and, with scale_grads (the default),
-    divides the accumulated gradients by the number of micro batches: the same gradient as
-    averaging the micro-batch losses without a pipeline.
+    It calls the loss per micro batch on the last stage, divided by the number of micro
+    batches: the same gradient as averaging the micro-batch losses without a pipeline. The
+    schedule's own scale_grads would divide every gradient accumulated so far at the end of
+    each call instead, which is wrong when a step calls it more than once (a replica group
+    training a missing group's share too: worker/step.py); the losses it returns are scaled
+    alike, and the caller multiplies them back.
     """
     num_stages = layout.pp * layout.vp
     ids = stage_ids(pp_mesh.get_local_rank(), layout.pp, layout.vp)
@@ -93,6 +96,14 @@ def build_schedule(
         PipelineStage(part, stage, num_stages, device, group=pp_mesh.get_group())
         for part, stage in zip(parts, ids, strict=True)
     ]
+
+    def share_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(logits, targets) / num_micro_batches
+
     if layout.schedule is PipelineSchedule.INTERLEAVED_1F1B:
-        return ScheduleInterleaved1F1B(stages, n_microbatches=num_micro_batches, loss_fn=loss_fn)
-    return Schedule1F1B(stages[0], n_microbatches=num_micro_batches, loss_fn=loss_fn)
+        return ScheduleInterleaved1F1B(
+            stages, n_microbatches=num_micro_batches, loss_fn=share_loss, scale_grads=False
+        )
+    return Schedule1F1B(
+        stages[0], n_microbatches=num_micro_batches, loss_fn=share_loss, scale_grads=False
+    )

@@ -16,7 +16,9 @@ from worker_helpers import clean_env, free_port, tiny_spec
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("replica_driver.py")
 STEPS = 30
-STEP_DELAY_S = "0.25"  # after each committed step: the survivor outlives the kill
+# Every step takes at least this long (RUNYARD_FAULT pace_step): the survivor outlives the
+# kill, however fast this machine is.
+PACE = "pace_step:1:*=0.25"
 # The groups sum the same rows in another order (each group its share, then the groups):
 # float32 rounding, over 30 steps of a tiny model; a clean run shows 0 to 1e-5.
 LOSS_TOLERANCE = 1e-4
@@ -40,8 +42,7 @@ def start_group(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         PYTHONPATH=str(REPO),
-        REPLICA_STEP_DELAY_S=STEP_DELAY_S,
-        **env,
+        **({"RUNYARD_FAULT": PACE} | env),
     )
     with open(tmp / f"{name}.log", "ab") as log:
         return subprocess.Popen(
@@ -84,7 +85,7 @@ def test_a_killed_group_is_replaced_while_the_other_trains_and_losses_match_the_
         survivor = start_group(group(0), tmp_path, "g0")
         # Group 1's rank dies at step 6 as on a lost node (SIGKILL, no clean-up); its
         # replacement is already started and waits for the go, as on a warm spare.
-        victim = start_group(group(1), tmp_path, "g1", RUNYARD_FAULT="after_step:6")
+        victim = start_group(group(1), tmp_path, "g1", RUNYARD_FAULT=f"{PACE},after_step:6")
         go = tmp_path / "go"
         replacement = start_group(group(1, heal_from_peer=True), tmp_path, "g1b", str(go))
         assert victim.wait(timeout=150) == -9  # SIGKILLed by its own fault point
