@@ -24,17 +24,48 @@ def _say(message: str) -> None:
     console.print(f"[dim]..[/dim] {message}", highlight=False)
 
 
+SLURM_PREFIX_OPTION = typer.Option(
+    None,
+    "--slurm",
+    envvar="RUNYARD_DEV_SLURM",
+    help="Run on the Slurm built into this prefix (scripts/build_slurm.sh, e.g. "
+    "/opt/slurm-24.11) instead of Debian's: its own state folder (.runyard/dev-<name>), "
+    "ports 1000 above and database, so it runs beside the default cluster or alone.",
+)
+
+
+def _cluster(
+    slurm: Path | None, *, port: int | None = None, replicas: int = 1
+) -> cluster.DevCluster:
+    """The dev cluster on Debian's Slurm, or on the one built into `slurm`."""
+    if slurm is None:
+        return cluster.DevCluster(
+            cluster.default_state_dir(), service_port=port or 8000, replicas=replicas
+        )
+    prefix = slurm.resolve()
+    return cluster.DevCluster(
+        cluster.default_state_dir(prefix),
+        service_port=port or 8000 + cluster.PREFIX_PORT_OFFSET,
+        replicas=replicas,
+        slurm_prefix=prefix,
+        database_url=cluster.prefix_database_url(prefix),
+    )
+
+
 @app.command()
 def up(
     nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
     leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
-    port: int = typer.Option(8000, help="Service port on 127.0.0.1."),
+    port: int | None = typer.Option(
+        None, help="Service port on 127.0.0.1 (8000; 9000 with --slurm)."
+    ),
     replicas: int = typer.Option(
         1, min=1, max=8, help="Service processes; more than one sit behind a proxy on --port."
     ),
+    slurm: Path | None = SLURM_PREFIX_OPTION,
 ) -> None:
     """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
-    dev = cluster.DevCluster(cluster.default_state_dir(), service_port=port, replicas=replicas)
+    dev = _cluster(slurm, port=port, replicas=replicas)
     try:
         cluster.up(nodes, leaf_size, dev, say=_say)
     except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:
@@ -69,16 +100,19 @@ def render(
 
 
 @app.command()
-def down() -> None:
+def down(slurm: Path | None = SLURM_PREFIX_OPTION) -> None:
     """Stop exactly the processes `dev up` started."""
-    stopped = cluster.down(say=_say)
+    stopped = cluster.down(_cluster(slurm), say=_say)
     console.print(f"stopped {len(stopped)} processes" if stopped else "nothing was running")
 
 
 @app.command()
-def status(json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def status(
+    json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    slurm: Path | None = SLURM_PREFIX_OPTION,
+) -> None:
     """What `dev up` started and whether it still runs."""
-    table = cluster.status()
+    table = cluster.status(_cluster(slurm))
     if json:
         return print_json(table)
     if not table:

@@ -34,8 +34,11 @@ def ensure_running(
     table: dict[str, Started],
     env: dict[str, str],
     wait: Callable[[str, Callable[[], bool], float], None],
+    port_offset: int = 0,
 ) -> None:
-    """MariaDB, then slurmdbd, each started unless ours already runs."""
+    """MariaDB, then slurmdbd, each started unless ours already runs (`port_offset`: a
+    second cluster's, on ports of its own)."""
+    mariadb_port, dbd_port = MARIADB_PORT + port_offset, DBD_PORT + port_offset
     datadir = state_dir / "mariadb"
     log_dir, run_dir = state_dir / "log", state_dir / "run"
     if not (datadir / "mysql").is_dir():
@@ -58,7 +61,7 @@ def ensure_running(
                 "mariadbd",
                 "--no-defaults",
                 f"--datadir={datadir}",
-                f"--port={MARIADB_PORT}",
+                f"--port={mariadb_port}",
                 "--bind-address=127.0.0.1",
                 f"--socket={run_dir / 'mariadb.sock'}",
                 f"--pid-file={run_dir / 'mariadb.pid'}",
@@ -68,11 +71,11 @@ def ensure_running(
             ],
             log_dir / "mariadb.out",
         )
-        wait("mariadb", lambda: _listening(MARIADB_PORT), 60)
+        wait("mariadb", lambda: _listening(mariadb_port), 60)
     (state_dir / "slurmdbd.conf").chmod(0o600)
     if not (p := table.get("slurmdbd")) or not is_alive(p):
         table["slurmdbd"] = spawn("slurmdbd", ["slurmdbd", "-D"], log_dir / "slurmdbd.out", env=env)
-        wait("slurmdbd", lambda: _listening(DBD_PORT), 60)
+        wait("slurmdbd", lambda: _listening(dbd_port), 60)
 
 
 def ensure_cluster_registered(cluster_name: str, env: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,15 @@ import httpx
 from client.devcluster import accounting, postgres
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
-from client.devcluster.render import PARTITION, ClusterShape, render
+from client.devcluster.render import (
+    CONTROLLER_PORT,
+    FIRST_SLURMD_PORT,
+    PARTITION,
+    ClusterShape,
+    one_box,
+    render,
+)
+from contract.slurm_features import SlurmFeature, SlurmVersion, features_of
 
 SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", *accounting.ACCOUNTING_PACKAGES]
 MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]
@@ -38,14 +46,34 @@ SLURMD_MIB, AGENT_MIB, AGENT_CORE_SHARE = 9.3, 26.0, 0.003
 ALWAYS_ALLOWED_NODES = 64
 HEADROOM_MIB = 4096
 AGENTS_MAX_CORES_SHARE = 0.5
+# A cluster on a Slurm prefix listens this far above the packaged one (slurmctld 17817,
+# slurmd 18001..., slurmdbd 17819, MariaDB 17306, the service 9000).
+PREFIX_PORT_OFFSET = 1000
 
 
 class DevClusterError(RuntimeError):
     """The dev cluster could not be brought up; the message says what to do."""
 
 
-def default_state_dir() -> Path:
-    return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / "dev")).resolve()
+def prefix_database_url(slurm_prefix: Path) -> str:
+    """A cluster on a Slurm prefix keeps its runs and nodes in a database of its own."""
+    name = "runyard_" + "".join(c if c.isalnum() else "_" for c in slurm_prefix.name)
+    return DEFAULT_DATABASE_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def default_slurm_prefix() -> Path | None:
+    """The Slurm prefix the dev cluster runs on (RUNYARD_DEV_SLURM, as `dev up --slurm`
+    sets it); None: Debian's packaged Slurm on PATH."""
+    prefix = os.environ.get("RUNYARD_DEV_SLURM")
+    return Path(prefix).resolve() if prefix else None
+
+
+def default_state_dir(slurm_prefix: Path | None = None) -> Path:
+    """RUNYARD_DEV_DIR, else .runyard/dev; a cluster on a Slurm prefix of its own gets a
+    folder of its own (.runyard/dev-slurm-24.11 for /opt/slurm-24.11)."""
+    prefix = slurm_prefix or default_slurm_prefix()
+    name = f"dev-{prefix.name}" if prefix else "dev"
+    return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / name)).resolve()
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,14 @@ class DevCluster:
     service_port: int = 8000
     database_url: str = DEFAULT_DATABASE_URL
     replicas: int = 1  # service processes; more than one sit behind a proxy on service_port
+    # A Slurm built into a prefix of its own (scripts/build_slurm.sh) instead of Debian's;
+    # its binaries come first on the PATH of everything the cluster starts, and its daemons
+    # listen PREFIX_PORT_OFFSET ports above the packaged cluster's, so both can run at once.
+    slurm_prefix: Path | None = field(default_factory=default_slurm_prefix)
+
+    @property
+    def port_offset(self) -> int:
+        return 0 if self.slurm_prefix is None else PREFIX_PORT_OFFSET
 
     @property
     def replica_ports(self) -> list[int]:
@@ -94,7 +130,11 @@ class DevCluster:
         return self.state_dir / "nodes" / node / "agent.token"
 
     def slurm_env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        if self.slurm_prefix is not None:
+            bins = f"{self.slurm_prefix / 'bin'}:{self.slurm_prefix / 'sbin'}"
+            env["PATH"] = f"{bins}:{env.get('PATH', '')}"
+        return env
 
     def service_env(self, port: int | None = None) -> dict[str, str]:
         return {
@@ -125,7 +165,11 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def ensure_slurm_installed(say: Progress) -> None:
+def ensure_slurm_installed(say: Progress, slurm_prefix: Path | None = None) -> None:
+    if slurm_prefix is not None and not (slurm_prefix / "sbin" / "slurmctld").exists():
+        raise DevClusterError(
+            f"no Slurm in {slurm_prefix}: build it with `scripts/build_slurm.sh {slurm_prefix}`"
+        )
     if all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged")):
         return
     say("installing Slurm and munge with apt-get")
@@ -140,7 +184,21 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bo
     for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     changed = False
-    for name, text in render(shape, state, accounting=with_accounting).items():
+    offset = cluster.port_offset
+    network = one_box(
+        shape,
+        first_slurmd_port=FIRST_SLURMD_PORT + offset,
+        controller_port=CONTROLLER_PORT + offset,
+    )
+    files = render(
+        shape,
+        state,
+        network=network,
+        accounting=with_accounting,
+        topology=topology_of(cluster),
+        port_offset=offset,
+    )
+    for name, text in files.items():
         path = state / name
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
@@ -157,8 +215,25 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bo
     (state / "env.sh").write_text(
         f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
         f'export RUNYARD_TOKEN="$(cat {cluster.admin_token_file})"\n'
+        + (
+            f"export PATH={cluster.slurm_prefix}/bin:{cluster.slurm_prefix}/sbin:$PATH\n"
+            if cluster.slurm_prefix
+            else ""
+        )
     )
     return changed
+
+
+def topology_of(cluster: DevCluster) -> str:
+    """The topology plugin the dev cluster describes its leaves with: topology/block where
+    its Slurm has it (a prefix's 24.11: the rack-scale description), else topology/tree
+    (Debian 12's 22.05)."""
+    if cluster.slurm_prefix is None:
+        return "tree"
+    out = _run(["scontrol", "--version"], cluster.slurm_env()).stdout
+    version = SlurmVersion.parse(out)
+    has_block = version is not None and SlurmFeature.TOPOLOGY_BLOCK in features_of(version)
+    return "block" if has_block else "tree"
 
 
 def _saved_shape(cluster: DevCluster) -> ClusterShape | None:
@@ -233,7 +308,7 @@ def up(
     """Bring every part up; parts already running are left as they are."""
     cluster = cluster or DevCluster(default_state_dir())
     shape = ClusterShape(num_nodes=num_nodes, leaf_size=leaf_size)
-    ensure_slurm_installed(say)
+    ensure_slurm_installed(say, cluster.slurm_prefix)
     table = cluster.table.load()
     saved = _saved_shape(cluster)
     slurm_running = any(is_alive(p) for n, p in table.items() if n.startswith("slurm"))
@@ -250,7 +325,9 @@ def up(
     cluster.table.save(table)
     if with_accounting:
         say("making sure MariaDB and slurmdbd run (Slurm accounting)")
-        accounting.ensure_running(cluster.state_dir, table, cluster.slurm_env(), _wait)
+        accounting.ensure_running(
+            cluster.state_dir, table, cluster.slurm_env(), _wait, cluster.port_offset
+        )
         cluster.table.save(table)
         accounting.ensure_cluster_registered("runyard-dev", cluster.slurm_env())
 

@@ -124,16 +124,35 @@ def containers(controller: str = "slurmctld") -> Network:
     )
 
 
+def block_sizes(shape: ClusterShape) -> list[int]:
+    """topology/block's BlockSizes: the base block, then each power-of-two multiple of it
+    the cluster holds (Slurm wants each a power of two above the one before,
+    topology.conf(5)); a job without --segment fits one aligned block of these sizes."""
+    sizes = [shape.leaf_size]
+    while sizes[-1] * 2 <= shape.num_nodes:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
 def render(
     shape: ClusterShape,
     state_dir: Path,
     munge_socket: str | None = None,
     network: Network | None = None,
     accounting: bool = False,
+    topology: str = "tree",
+    port_offset: int = 0,
 ) -> dict[str, str]:
     """The config files, by file name, for a cluster rooted at `state_dir`: slurm.conf,
-    topology.conf, gres.conf, and slurmdbd.conf with `accounting`."""
+    topology.conf, gres.conf, and slurmdbd.conf with `accounting`. `topology` "block"
+    describes the leaves as topology/block's blocks (Slurm 24.05+); `port_offset` moves
+    slurmdbd's and MariaDB's ports, for a second cluster beside the first."""
     net = network or one_box(shape)
+    if topology == "block" and shape.num_nodes % shape.leaf_size:
+        raise ValueError(
+            f"--nodes {shape.num_nodes}: topology/block wants whole blocks, a multiple of "
+            f"--leaf-size {shape.leaf_size}"
+        )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
@@ -164,20 +183,23 @@ def render(
         memory_mb_per_node=shape.memory_mb_per_node,
         partition=PARTITION,
         max_time="INFINITE",
-        dbd_port=DBD_PORT if accounting else None,
+        dbd_port=DBD_PORT + port_offset if accounting else None,
+        topology=topology,
     )
     topology_conf = env.get_template("topology.conf.j2").render(
         leaf_size=shape.leaf_size,
         leaves=leaves,
         spine="spine",
         leaf_names=",".join(leaf.name for leaf in leaves),
+        topology=topology,
+        block_sizes=",".join(map(str, block_sizes(shape))),
     )
     gres_conf = env.get_template("gres.conf.j2").render(**common, device_dir=str(state_dir / "dev"))
     files = {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}
     if accounting:
         files["slurmdbd.conf"] = env.get_template("slurmdbd.conf.j2").render(
-            dbd_port=DBD_PORT,
-            storage_port=MARIADB_PORT,
+            dbd_port=DBD_PORT + port_offset,
+            storage_port=MARIADB_PORT + port_offset,
             slurm_user="root",
             state_dir=str(state_dir),
         )

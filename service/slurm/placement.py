@@ -16,24 +16,32 @@ def group_by_switch(free: Iterable[tuple[str, str | None]]) -> dict[str, list[st
     return {s: sorted(nodes) for s, nodes in by_switch.items()}
 
 
-def choose_nodes(free: Iterable[tuple[str, str | None]], count: int) -> list[str] | None:
-    """`count` nodes spanning the fewest leaf switches, or None if there are not enough.
+def choose_nodes(
+    free: Iterable[tuple[str, str | None]], count: int, group_nodes: int = 1
+) -> list[str] | None:
+    """`count` nodes spanning the fewest leaf switches (or blocks), or None if there are not
+    enough.
 
     One switch that fits takes the run (the fullest-fitting one, best fit, to keep larger
     holes for larger runs); otherwise switches are taken largest first. Nodes come out grouped
     by switch and in name order, so consecutive ranks (tensor, then pipeline neighbours)
     share a switch.
+
+    `group_nodes` > 1 (topology/block: the nodes of one model replica, planner/blocks.py)
+    takes nodes from each block only in whole groups, so no replica straddles two blocks;
+    nodes of a block left over after its last whole group count for nothing.
     """
     by_switch = group_by_switch(free)
-    if sum(len(n) for n in by_switch.values()) < count:
+    usable = {s: len(nodes) - len(nodes) % group_nodes for s, nodes in by_switch.items()}
+    if sum(usable.values()) < count:
         return None
-    fitting = [s for s, nodes in by_switch.items() if len(nodes) >= count]
+    fitting = [s for s in by_switch if usable[s] >= count]
     if fitting:
-        best = min(fitting, key=lambda s: (len(by_switch[s]), s))
+        best = min(fitting, key=lambda s: (usable[s], s))
         return by_switch[best][:count]
     chosen: list[str] = []
-    for switch in sorted(by_switch, key=lambda s: (-len(by_switch[s]), s)):
-        chosen.extend(by_switch[switch][: count - len(chosen)])
+    for switch in sorted(by_switch, key=lambda s: (-usable[s], s)):
+        chosen.extend(by_switch[switch][: min(usable[switch], count - len(chosen))])
         if len(chosen) == count:
             break
     return chosen
