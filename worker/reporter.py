@@ -134,8 +134,15 @@ class Reporter:
 
     cancel_requested: bool = False  # the service asked this run to stop
 
-    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
-        """Record one optimizer step (never blocks)."""
+    def metric(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        step_time_s: float,
+        lr: float | None = None,
+    ) -> None:
+        """Record one optimizer step and the learning rate it used (never blocks)."""
 
     def checkpoint(
         self,
@@ -189,9 +196,21 @@ class FileReporter(Reporter):
         with open(self.path, "a") as f:
             f.write(json.dumps({"kind": kind, **fields}) + "\n")
 
-    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+    def metric(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        step_time_s: float,
+        lr: float | None = None,
+    ) -> None:
         self._append(
-            "metric", step=step, loss=loss, tokens_per_s=tokens_per_s, step_time_s=step_time_s
+            "metric",
+            step=step,
+            loss=loss,
+            tokens_per_s=tokens_per_s,
+            step_time_s=step_time_s,
+            lr=lr,
         )
 
     def checkpoint(
@@ -252,8 +271,17 @@ class HttpReporter(Reporter):
         self._thread = threading.Thread(target=self._run, name="runyard-reporter", daemon=True)
         self._thread.start()
 
-    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
+    def metric(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        step_time_s: float,
+        lr: float | None = None,
+    ) -> None:
         row = {"step": step, "loss": loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s}
+        if lr is not None:
+            row["lr"] = lr
         with self._lock:
             if len(self._buffer) >= MAX_BUFFERED:
                 self._buffer.popleft()
@@ -391,6 +419,13 @@ class HttpReporter(Reporter):
         # WRITING is informational: a service that is down must not stall training for it.
         # COMMITTED is what resumes rely on: worth waiting for, within a bound.
         stop_after_s = WRITING_RETRY_S if state == "WRITING" else CHECKPOINT_RETRY_S
+        if state == "COMMITTED":
+            # No step without its figures: the rows of the steps this checkpoint holds reach
+            # the service before the commit does. Once the service knows of the commit, a
+            # crash resumes from it, and those steps are never trained or reported again.
+            deadline = time.monotonic() + stop_after_s
+            self._drain(timeout_s=stop_after_s)
+            stop_after_s = max(deadline - time.monotonic(), FIRST_RETRY_WAIT_S)
         return self._post_with_retry("/checkpoints", body, stop_after_s)
 
     def anomaly(self, step: int, kind: str, figure: str, message: str) -> None:

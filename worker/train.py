@@ -478,7 +478,9 @@ def _report(
         # A non-finite loss has no JSON form (the service's API would fail on it): the
         # anomaly report names it instead (worker/anomaly.py), and the step has no row.
         if math.isfinite(figures.loss):
-            reporter.metric(figures.step, figures.loss, tokens_per_s, report.step_time_s)
+            reporter.metric(
+                figures.step, figures.loss, tokens_per_s, report.step_time_s, lr=figures.lr
+            )
 
 
 def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:

@@ -5,6 +5,13 @@ from service.models.base import Base
 from service.models.identity import UserLink
 from service.models.incident import ClusterSetting, Incident, IncidentState, RecoveryAction
 from service.models.node import Node, NodeEvent, NodeState
+from service.models.notification import (
+    DeliveryState,
+    NotificationDelivery,
+    NotificationEvent,
+    NotificationFormat,
+    NotificationSubscription,
+)
 from service.models.run import (
     Attempt,
     AttemptState,
@@ -16,6 +23,7 @@ from service.models.run import (
     RunState,
 )
 from service.models.sweep import Sweep
+from service.models.tracking import ExportState, TrackerExport, TrackerKind
 
 __all__ = [
     "ApiToken",
@@ -26,12 +34,18 @@ __all__ = [
     "Checkpoint",
     "CheckpointState",
     "ClusterSetting",
+    "DeliveryState",
+    "ExportState",
     "Incident",
     "IncidentState",
     "Metric",
     "Node",
     "NodeEvent",
     "NodeState",
+    "NotificationDelivery",
+    "NotificationEvent",
+    "NotificationFormat",
+    "NotificationSubscription",
     "RecoveryAction",
     "Role",
     "Run",
@@ -39,5 +53,7 @@ __all__ = [
     "RunState",
     "Sweep",
     "Team",
+    "TrackerExport",
+    "TrackerKind",
     "UserLink",
 ]

@@ -224,6 +224,7 @@ class Metric(Base):
     loss: Mapped[float] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)  # the learning rate the step used
     recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -335,4 +335,5 @@ class MetricOut(BaseModel):
     loss: float
     tokens_per_s: float | None
     step_time_s: float | None
+    lr: float | None = Field(default=None, description="The learning rate the step used.")
     recorded_at: datetime

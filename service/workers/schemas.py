@@ -19,6 +19,7 @@ class StepMetric(_In):
     loss: float
     tokens_per_s: float | None = Field(default=None, ge=0)
     step_time_s: float | None = Field(default=None, ge=0)
+    lr: float | None = Field(default=None, ge=0, description="The learning rate the step used.")
 
 
 class HeldOutLoss(_In):

@@ -85,6 +85,7 @@ def record_progress(
                 loss=m.loss,
                 tokens_per_s=m.tokens_per_s,
                 step_time_s=m.step_time_s,
+                lr=m.lr,
                 recorded_at=now,
             )
         )
