@@ -174,7 +174,7 @@ def add_sweeps(count: int, settings: Settings) -> float:
 
 def steady_calls(fig: dict[str, Any]) -> int:
     """Slurm calls of a steady tick, less the topology's timed re-read."""
-    return int(fig["slurm_calls_total"]) - int(fig["slurm_calls"].get("node_switches", 0))
+    return int(fig["slurm_calls_total"]) - int(fig["slurm_calls"].get("topology", 0))
 
 
 def finish_task(attempt_id: int) -> None:
@@ -340,7 +340,7 @@ def main() -> None:
         f"moved: {replaced}"
     )
     placement_s = max(fig["steps_s"].get("place_pending", 0.0) for fig in (small, swept, big))
-    # The topology (node_switches) is re-read on a timer (loop.TOPOLOGY_EVERY_S), whichever
+    # The topology (SlurmClient.topology) is re-read on a timer (loop.TOPOLOGY_EVERY_S), whichever
     # tick that falls on: left out of the comparison.
     bounded = steady_calls(small) == steady_calls(swept) == steady_calls(big)
     print(

@@ -6,6 +6,7 @@ with no service running and prints exactly what the service would decide.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import typer
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from client.output import Exit, console, fail, print_json, print_table
 from contract import ModelShape
+from planner.blocks import BlockPlan, block_plan
 from planner.explain import StepCause, explain_plan
 from planner.layout import Layout
 from planner.plan import PlanError
@@ -75,6 +77,13 @@ def plan(
     explain: bool = typer.Option(
         False, "--explain", help="Also print where the best layout's step time goes, and why."
     ),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        min=1,
+        help="Nodes per block on a topology/block cluster (an NVL72 rack: 18 nodes of 4 "
+        "GPUs): also print the blocks the run spans and the --segment it asks for.",
+    ),
 ) -> None:
     """Plan a run: the fastest layout that fits, its memory, speed and failure budget."""
     if mlp is not None and mlp not in ("swiglu", "gelu"):
@@ -109,6 +118,9 @@ def plan(
         named = exc.message if exc.message.startswith(exc.field) else str(exc)
         fail(named, Exit.ERROR if exc.advice else Exit.USAGE)
     causes = _step_causes(shape, result) if explain else None
+    blocks = _blocks(result, gpus // gpus_per_node, block_size) if block_size else None
+    if blocks is not None:
+        result["blocks"] = asdict(blocks) | {"fits_in_blocks": blocks.fits_in_blocks}
     if json:
         if causes is not None:
             result["step_explained"] = [
@@ -116,8 +128,23 @@ def plan(
             ]
         return print_json(result)
     print_plan(result)
+    if blocks is not None:
+        console.print(blocks.describe())
     if causes is not None:
         print_explanation(causes, result["step_time_s"])
+
+
+def _blocks(result: dict[str, Any], num_nodes: int, block_size: int) -> BlockPlan:
+    """How the chosen layout sits on blocks of `block_size` nodes (planner/blocks.py)."""
+    chosen, per_node = result["layout"], result["gpus_per_node"]
+    return block_plan(
+        num_nodes,
+        tp=chosen["tp"],
+        cp=chosen["cp"],
+        pp=chosen["pp"],
+        gpus_per_node=per_node,
+        block_size=block_size,
+    )
 
 
 def _step_causes(shape: ModelShape, result: dict[str, Any]) -> list[StepCause]:

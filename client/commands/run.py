@@ -147,6 +147,20 @@ def list_(
 
 
 @app.command()
+def topology_text(placement: dict[str, Any]) -> str:
+    """Which blocks (topology/block) or leaf switches the run spans, each with its nodes,
+    and the --segment its attempts ask for; empty for a placement recorded before."""
+    groups: dict[str, str] = placement.get("groups") or {}
+    if not groups:
+        return ""
+    spans = ", ".join(f"{name} {nodes}" for name, nodes in groups.items())
+    if placement.get("topology") != "block":
+        return f"leaf switches {spans}"
+    segment = placement.get("segment")
+    asked = f"--segment={segment}" if segment else "no segment: a replica is larger than a block"
+    return f"blocks {spans} ({len(groups)} of {placement.get('block_size')} nodes; {asked})"
+
+
 def show(run_id: int, json: bool = JSON) -> None:
     """One run and its attempts."""
     run = call(lambda c: c.get_run(run_id))
@@ -170,6 +184,8 @@ def show(run_id: int, json: bool = JSON) -> None:
     chosen = f"pinned {', '.join(sorted(pinned))}, the rest planned" if pinned else "planned"
     console.print(f"layout {layout_text(run['layout'])} ({chosen})")
     console.print(f"nodes {', '.join(run['nodes']) or '-'}")
+    if (placed := run.get("placement")) and (where := topology_text(placed)):
+        console.print(where)
     if run.get("sweep_id") is not None:
         point = " ".join(f"{k}={v}" for k, v in (run.get("sweep_params") or {}).items())
         console.print(f"sweep {run['sweep_id']}: {point}")

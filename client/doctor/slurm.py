@@ -10,10 +10,14 @@ import re
 import subprocess
 
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
+from contract.slurm_features import TESTED_RELEASES, SlurmFeature, SlurmVersion, features_of
 
 # The oldest Slurm runyard is tested on: Debian 12's slurm-wlm (the dev cluster's).
 MIN_VERSION = (22, 5)
 SLURM = Area.SLURM
+# The job and node queries that are JSON where the release allows it (the service's
+# adapters, service/slurm, read each the same way).
+JSON_QUERIES = (SlurmFeature.SQUEUE_JSON, SlurmFeature.SCONTROL_JSON, SlurmFeature.SACCT_JSON)
 
 
 def _slurm(settings: SiteSettings, *argv: str, timeout_s: float = 15) -> tuple[int, str]:
@@ -55,12 +59,29 @@ def controller(settings: SiteSettings) -> Check:
     )
 
 
+def features_text(release: SlurmVersion) -> str:
+    """What runyard uses on this release, in a line (contract/slurm_features.py)."""
+    features = features_of(release)
+    json = [f.value for f in JSON_QUERIES if f in features]
+    text = [f.value.split()[0] for f in JSON_QUERIES if f not in features]
+    parts = [f"JSON from {', '.join(json)}"] if json else []
+    parts += [f"text from {', '.join(text)}"] if text else []
+    if SlurmFeature.SEGMENT in features:
+        parts.append("topology/tree or topology/block (replicas kept in blocks, --segment)")
+    else:
+        parts.append("topology/tree (topology/block and --segment need 24.05)")
+    return "; ".join(parts)
+
+
 def version(settings: SiteSettings) -> Check:
     _, text = _slurm(settings, "scontrol", "--version")
     found = parse_version(text)
-    if found is None:
+    release = SlurmVersion.parse(text)
+    if found is None or release is None:
         return failed(SLURM, "version", f"cannot read it: {text}", "install slurm-client")
-    shown = f"{found[0]}.{found[1]:02d}"
+    shown = str(release)
+    tested = release.release in TESTED_RELEASES
+    uses = f"Slurm {shown} ({'tested' if tested else 'untested'}): {features_text(release)}"
     if found < MIN_VERSION:
         return Check(
             SLURM,
@@ -70,11 +91,22 @@ def version(settings: SiteSettings) -> Check:
             "tested on",
             "upgrade Slurm, or test runyard on it before relying on recovery",
         )
-    return passed(SLURM, "version", f"Slurm {shown}")
+    if not tested:
+        return Check(
+            SLURM,
+            "version",
+            Status.WARN,
+            uses,
+            f"runyard is tested on Slurm {' and '.join(TESTED_RELEASES)} (docs/install.md); "
+            "run its tests against this one before relying on recovery",
+        )
+    return passed(SLURM, "version", uses)
 
 
 def topology(settings: SiteSettings, config: dict[str, str]) -> Check:
     plugin = config.get("TopologyPlugin", "")
+    if plugin == "topology/block":
+        return block_topology(settings)
     if plugin != "topology/tree":
         return failed(
             SLURM,
@@ -95,6 +127,27 @@ def topology(settings: SiteSettings, config: dict[str, str]) -> Check:
         )
     leaves = sum(1 for s in switches if "Level=0" in s)
     return passed(SLURM, "topology", f"topology/tree: {len(switches)} switches, {leaves} leaves")
+
+
+def block_topology(settings: SiteSettings) -> Check:
+    """topology/block: the base blocks runyard keeps each model replica inside."""
+    _, text = _slurm(settings, "scontrol", "show", "topology")
+    lines = [line for line in text.splitlines() if line.startswith("BlockName=")]
+    sizes = sorted({t.split("=")[1] for line in lines for t in line.split() if "BlockSize=" in t})
+    if not lines:
+        return failed(
+            SLURM,
+            "topology",
+            "topology/block is set but topology.conf names no blocks",
+            "describe the blocks (BlockName=... Nodes=..., BlockSizes=...) in topology.conf, "
+            "then `scontrol reconfigure`",
+        )
+    return passed(
+        SLURM,
+        "topology",
+        f"topology/block: {len(lines)} blocks of {'/'.join(sizes) or '?'} nodes; each model "
+        "replica is kept inside one and asked with --segment",
+    )
 
 
 def gres(settings: SiteSettings, config: dict[str, str]) -> Check:

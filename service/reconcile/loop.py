@@ -19,6 +19,7 @@ from service.config import Settings
 from service.db import get_engine, session_scope
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
+from service.nodes.topology import record_topology
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 from service.reconcile.leader import LeaderLock
@@ -50,10 +51,16 @@ class Reconciler:
         self._switches_read = 0.0
 
     def sync_nodes(self, snapshot: ClusterSnapshot) -> None:
+        topology = None
         if time.monotonic() - self._switches_read > TOPOLOGY_EVERY_S or not self._switches:
-            self._switches, self._switches_read = self.slurm.node_switches(), time.monotonic()
+            # The nodes' groups (leaf switches or blocks) and the kind, which decides whether
+            # a model replica must stay inside its group (service/nodes/topology.py).
+            topology = self.slurm.topology()
+            self._switches, self._switches_read = topology.group_of, time.monotonic()
         with session_scope() as session:
             sync_from_slurm(session, list(snapshot.nodes.values()), self._switches)
+            if topology is not None:
+                record_topology(session, topology)
 
     def tick(self, still_leader: Callable[[], bool] | None = None) -> None:
         """One pass over everything that may need action; it stops before the next step as

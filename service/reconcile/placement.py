@@ -12,17 +12,24 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, and_, case, func, not_, select
 from sqlalchemy.orm import Session
 
+from contract import ModelShape
 from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Node, NodeState, Run, RunState
 from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.topology import (
+    TopologyShape,
+    block_placement,
+    cluster_topology,
+    group_nodes,
+)
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.schemas import RunSpec
-from service.runs.service import plan_spec, stored_plan
+from service.runs.service import plan_layout, stored_plan
 from service.slurm.client import SlurmClient
-from service.slurm.placement import choose_nodes, placement_cost
+from service.slurm.placement import choose_nodes, placed_groups, placement_cost
 from service.slurm.reservations import delete_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
@@ -67,6 +74,7 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
         # Higher priority first; within a class, first come first served.
         queued = sorted(queued, key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
         nodes = {n.name: n for n in session.query(Node).all()}
+        topology = cluster_topology(session)
         taken: set[str] = set()
         for row in queued:
             free_now = len(healthy_free) - len(taken & in_slurm)
@@ -81,16 +89,19 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             kept_switches = {nodes[n].switch for n in run.nodes if n in nodes}
             free = [f for f in healthy_free if f[0] not in taken and f[0] not in run.nodes]
             idle_spares = [f for f in pool if f[0] not in taken]
-            chosen = nodes_for_run(free, kept_switches, need, idle_spares)
+            group = group_nodes(topology, run.config["layout"], run.num_nodes, run.gpus_per_node)
+            chosen = nodes_for_run(free, kept_switches, need, idle_spares, group)
             if chosen is None:
-                shrink_or_wait(session, run, need, len(free))
+                shrink_or_wait(session, run, need, len(free), settings)
                 continue
             taken.update(chosen)
             for name in set(chosen) & {s for s, _ in idle_spares}:
                 spare = nodes[name]
                 set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
                 node_event(session, spare, "spare.assigned", f"run {run.id} waited for a node")
-            hold_nodes(session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix)
+            hold_nodes(
+                session, run, [*run.nodes, *chosen], nodes, settings.slurm_job_prefix, topology
+            )
 
 
 def waiting_reason(need: int) -> str:
@@ -127,6 +138,7 @@ def nodes_for_run(
     kept_switches: set[str | None],
     need: int,
     spares: list[tuple[str, str | None]] | None = None,
+    group_nodes: int = 1,
 ) -> list[str] | None:
     """The `need` free nodes a run gets: on the switches it already sits on when they have
     enough, else the fewest switches anywhere; None when there are not enough.
@@ -136,13 +148,17 @@ def nodes_for_run(
     waited until the pool was full again: the pool refills before placement every tick,
     so every repaired node went to the pool first (the failure simulation, sim/, showed
     it: at Llama 3's rate the classic path waited a third of 30 days, goodput 66%).
+    On topology/block, `group_nodes` (a model replica's nodes) come from one block each.
     Pure, so the failure simulation places as the service does."""
-    near = [f for f in free if f[1] in kept_switches]
-    chosen = choose_nodes(near, need) if len(near) >= need else choose_nodes(free, need)
+    g = group_nodes
+
+    def pick(candidates: list[tuple[str, str | None]]) -> list[str] | None:
+        near = [f for f in candidates if f[1] in kept_switches]
+        return choose_nodes(near, need, g) or choose_nodes(candidates, need, g)
+
+    chosen = pick(free)
     if chosen is None and kept_switches and spares:
-        pool = [*free, *spares]
-        near = [f for f in pool if f[1] in kept_switches]
-        chosen = choose_nodes(near, need) if len(near) >= need else choose_nodes(pool, need)
+        chosen = pick([*free, *spares])
     return chosen
 
 
@@ -153,9 +169,16 @@ def _idle_in_slurm(snapshot: ClusterSnapshot, name: str) -> bool:
 
 
 def hold_nodes(
-    session: Session, run: Run, held: list[str], nodes: dict[str, Node], prefix: str
+    session: Session,
+    run: Run,
+    held: list[str],
+    nodes: dict[str, Node],
+    prefix: str,
+    topology: TopologyShape | None = None,
 ) -> None:
-    """The run holds `held` from now on (through its own reservation); record the cost."""
+    """The run holds `held` from now on (through its own reservation); record the cost and,
+    on topology/block, the blocks it spans and the segment its attempts ask for."""
+    topology = topology or cluster_topology(session)
     run.nodes = held
     run.reservation = run_reservation(prefix, run.id)
     layout = run.config["layout"]
@@ -167,17 +190,30 @@ def hold_nodes(
         cp=layout["cp"],
         pp=layout["pp"],
     )
-    run.config = {**run.config, "placement": {"nodes": run.nodes, **cost}}
+    groups = placed_groups(run.nodes, {n: nodes[n].switch for n in run.nodes if n in nodes})
+    on_blocks = block_placement(topology, run)
+    run.config = {
+        **run.config,
+        "placement": {
+            "nodes": run.nodes,
+            **cost,
+            "topology": topology.kind.value,
+            "groups": groups,
+            **on_blocks,
+        },
+    }
     record_event(
         session,
         run,
         "run.placed",
-        f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} leaf switch(es), "
-        f"{cost['cross_switch_pipeline_edges']} cross-switch pipeline edge(s)",
+        f"nodes {', '.join(run.nodes)}: {cost['switches_spanned']} {topology.group_word}(s) "
+        f"({', '.join(groups)}), {cost['cross_switch_pipeline_edges']} cross-"
+        f"{topology.group_word.split()[-1]} pipeline edge(s)",
         data={
             "nodes": run.nodes,
             **cost,
             "switches": sorted({nodes[n].switch or "-" for n in run.nodes}),
+            **on_blocks,
         },
     )
 
@@ -196,14 +232,14 @@ def may_shrink(min_nodes: int | None, held: int) -> bool:
     return bool(min_nodes) and held > 0 and min_nodes is not None and min_nodes <= held
 
 
-def shrink_or_wait(session: Session, run: Run, need: int, free: int) -> None:
+def shrink_or_wait(session: Session, run: Run, need: int, free: int, settings: Settings) -> None:
     """No free node for what the run lacks: continue on fewer nodes if its min_nodes
     allows it and the smaller layout resolves, else say what it waits for."""
     if may_shrink(run.min_nodes, len(run.nodes)):
         # The run allows fewer nodes and checkpoints reshard: continue on what is left.
         spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
-        try:
-            _, resolved = plan_spec(spec)
+        try:  # its inputs were read as its owner at submission; its shape is stored
+            resolved = plan_layout(spec, ModelShape.model_validate(run.config["model"]), settings)
         except LayoutError as exc:
             reason = f"cannot shrink to {len(run.nodes)} nodes ({exc}); waiting"
         else:

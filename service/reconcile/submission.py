@@ -55,7 +55,15 @@ def attempt_request(run: Run, attempt: Attempt) -> AttemptRequest:
         nodelist=",".join(run.nodes),
         reservation=run.reservation,
         nice=NICE_BY_PRIORITY.get(run.priority, 0),
+        segment=segment_of(run),
     )
+
+
+def segment_of(run: Run) -> int | None:
+    """The `--segment` placement chose for the run on topology/block (its placement record),
+    when the nodes it holds now still split into whole segments."""
+    segment = (run.config.get("placement") or {}).get("segment")
+    return segment if segment and len(run.nodes) % segment == 0 else None
 
 
 def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:

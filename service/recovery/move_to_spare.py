@@ -14,10 +14,11 @@ from sqlalchemy.orm import Session
 
 from contract import StopReason
 from service.db import session_scope
-from service.models import Incident, IncidentState, NodeState, Run, RunState
+from service.models import Incident, IncidentState, Node, NodeState, Run, RunState
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.topology import cluster_topology, group_nodes
 from service.observability import metrics
 from service.recovery.fast_path import move_group_to_spare, replica_groups
 from service.recovery.restart import end_attempt_and_restart
@@ -25,7 +26,7 @@ from service.recovery.spares import spare_nodes
 from service.runs import repository as runs_repo
 from service.runs.lifecycle import record_event
 from service.slurm.client import SlurmClient
-from service.slurm.placement import choose_replacement
+from service.slurm.placement import choose_replacement, replica_of
 
 RUNS_TO_MOVE = (RunState.PENDING, RunState.RUNNING)
 
@@ -92,6 +93,10 @@ def move_run_to_spare(session: Session, run: Run, incident: Incident, bad: str) 
     nodes = {n.name: n for n in (nodes_repo.get_node(session, x) for x in remaining) if n}
     switches = {n.switch for n in nodes.values()}
     spares = spare_nodes(session, for_update=True)
+    topology = cluster_topology(session)
+    group = group_nodes(topology, run.config["layout"], run.num_nodes, run.gpus_per_node)
+    if group > 1:
+        return _move_replica_on_blocks(session, run, incident, bad, group, spares, jobs)
     pick = choose_replacement([(s.name, s.switch) for s in spares], switches)
     if pick is not None:
         spare = next(s for s in spares if s.name == pick)
@@ -117,4 +122,50 @@ def move_run_to_spare(session: Session, run: Run, incident: Incident, bad: str) 
             "healthy node" + (f" or shrinking to {run.min_nodes}" if run.min_nodes else ""),
             data={"incident": incident.id, "failed": bad},
         )
+    return jobs
+
+
+def _move_replica_on_blocks(
+    session: Session,
+    run: Run,
+    incident: Incident,
+    bad: str,
+    group: int,
+    spares: list[Node],
+    jobs: list[str],
+) -> list[str]:
+    """topology/block: the failed node's model replica must stay inside one block. A spare
+    in that block takes the failed node's place; without one, the replica's healthy nodes
+    are let go with it and the run waits for placement to give it `group` nodes in one
+    block with room (free nodes first, then spares: reconcile/placement.nodes_for_run)."""
+    replica = replica_of(run.nodes, bad, group)
+    failed = nodes_repo.get_node(session, bad)
+    block = failed.switch if failed is not None else None  # placement kept the replica in it
+    in_block = [s for s in spares if block is not None and s.switch == block]
+    if in_block:
+        spare = in_block[0]
+        set_node_state(session, spare, NodeState.HEALTHY, f"spare taken by run {run.id}")
+        node_event(session, spare, "spare.assigned", f"replaces {bad} in run {run.id}")
+        run.nodes = [spare.name if n == bad else n for n in run.nodes]
+        incident.spare_node = spare.name
+        record_event(
+            session,
+            run,
+            "recovery.spare_assigned",
+            f"{bad} drained ({incident.signal}); spare {spare.name} in its block {block} "
+            "takes its place",
+            data={"incident": incident.id, "failed": bad, "spare": spare.name, "block": block},
+        )
+        return jobs
+    run.nodes = [n for n in run.nodes if n not in replica]
+    incident.state = IncidentState.WAITING
+    record_event(
+        session,
+        run,
+        "recovery.replica_moves",
+        f"{bad} drained ({incident.signal}); no spare in its block {block or '-'}: its "
+        f"model replica ({', '.join(replica)}) moves whole to a block with room for "
+        f"{group} node(s)",
+        data={"incident": incident.id, "failed": bad, "released": replica, "block": block},
+    )
     return jobs

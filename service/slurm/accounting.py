@@ -39,13 +39,18 @@ def parse_sacct(out: str, job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
+def run_sacct(argv: list[str]) -> str:
+    """sacct's output, or "" when it cannot answer: without accounting it prints an error
+    and nothing else, and a sacct that is missing or hangs is no answer either."""
+    try:
+        return run_slurm(argv, check=False)
+    except SlurmError:
+        return ""
+
+
 def ended_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     """How the jobs among `job_ids` ended, from accounting; {} where there is none."""
     if not job_ids:
         return {}
-    argv = ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", FIELDS]
-    try:
-        out = run_slurm(argv, check=False)  # without accounting: an error and no lines
-    except SlurmError:  # sacct not installed, or it hung
-        return {}
+    out = run_sacct(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", FIELDS])
     return parse_sacct(out, job_ids)

@@ -1,4 +1,5 @@
-"""The real SlurmClient: Slurm's command-line tools (commands.py) and submitit (submit.py).
+"""The real SlurmClient: Slurm's command-line tools (commands.py; the read queries in the
+form the Slurm version reads best, queries.py) and submitit (submit.py).
 
 One process per call, each call batched: a tick's squeue, `scontrol show job` and scancel
 cover every watched job at once, and hostlists are expanded in-process.
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from service.config import Settings
-from service.slurm import accounting, commands
+from service.slurm import commands, queries
 from service.slurm.commands import JobStatus, SlurmNode
 from service.slurm.submit import (
     ArrayRequest,
@@ -20,6 +21,7 @@ from service.slurm.submit import (
     submit_array,
     submit_attempt,
 )
+from service.slurm.topology import Topology
 
 
 class CliSlurmClient:
@@ -31,10 +33,13 @@ class CliSlurmClient:
         self.user = getpass.getuser()
 
     def show_nodes(self) -> list[SlurmNode]:
-        return commands.show_nodes()
+        return queries.show_nodes()
 
     def node_switches(self) -> dict[str, str]:
         return commands.node_switches()
+
+    def topology(self) -> Topology:
+        return commands.show_topology()
 
     def drain(self, node: str, reason: str) -> None:
         commands.drain_node(node, reason)
@@ -43,7 +48,7 @@ class CliSlurmClient:
         commands.resume_node(node)
 
     def reservations(self) -> dict[str, list[str]]:
-        return commands.show_reservations()
+        return queries.show_reservations()
 
     def create_reservation(self, name: str, nodes: Sequence[str]) -> None:
         commands.create_reservation(name, nodes, self.user)
@@ -61,19 +66,19 @@ class CliSlurmClient:
         return submit_array(req, self.settings)
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        return commands.squeue(list(job_ids))
+        return queries.squeue(list(job_ids))
 
     def job_details(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        found = commands.show_jobs(job_ids)
+        found = queries.show_jobs(job_ids)
         forgotten = [job for job in job_ids if job not in found]
         # Jobs slurmctld no longer remembers: how they ended is in accounting, if any.
-        return found | accounting.ended_jobs(forgotten) if forgotten else found
+        return found | queries.ended_jobs(forgotten) if forgotten else found
 
     def jobs_by_name(self, prefix: str) -> dict[str, str]:
-        return commands.jobs_by_name(prefix)
+        return queries.jobs_by_name(prefix)
 
     def array_job_by_name(self, name: str) -> str | None:
-        return commands.array_job_by_name(name)
+        return queries.array_job_by_name(name)
 
     def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
         finish_interrupted_submission(job_folder, job_ids)

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from service.slurm.commands import JobStatus, SlurmError, SlurmNode, SlurmUnreachable
 from service.slurm.submit import ArrayRequest, AttemptRequest
+from service.slurm.topology import Topology
 
 __all__ = ["JobStatus", "SlurmClient", "SlurmError", "SlurmNode", "SlurmUnreachable"]
 
@@ -34,6 +35,11 @@ class SlurmClient(Protocol):
 
     def node_switches(self) -> dict[str, str]:
         """Node name -> its leaf switch (topology.conf); empty when there is no topology."""
+        ...
+
+    def topology(self) -> Topology:
+        """The topology's kind (tree, block or flat), node name -> its leaf switch or base
+        block, and the base block's size (topology/block)."""
         ...
 
     def drain(self, node: str, reason: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from service.config import get_settings
 from service.slurm.hostlist import expand_hostlist
+from service.slurm.topology import Topology, parse_topology
 
 TIMEOUT_S = 20
 
@@ -276,16 +277,15 @@ def show_nodes() -> list[SlurmNode]:
     return nodes
 
 
+def show_topology() -> Topology:
+    """`scontrol show topology`: leaf switches (tree) or blocks (block); text in every
+    version (service/slurm/topology.py)."""
+    return parse_topology(run_slurm(["scontrol", "show", "topology"], check=False))
+
+
 def node_switches() -> dict[str, str]:
-    """Node name -> its leaf switch, from `scontrol show topology`."""
-    out = run_slurm(["scontrol", "show", "topology"], check=False)
-    leaf_of: dict[str, str] = {}
-    for line in out.splitlines():
-        f = parse_key_values(line)
-        if f.get("Level") == "0" and "Nodes" in f:
-            for node in expand_hostlist(f["Nodes"]):
-                leaf_of[node] = f["SwitchName"]
-    return leaf_of
+    """Node name -> its leaf switch (or base block), from `scontrol show topology`."""
+    return show_topology().group_of
 
 
 DRAIN_PREFIX = "runyard:"  # only nodes whose drain reason carries it are ours to resume

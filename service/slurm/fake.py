@@ -31,6 +31,7 @@ from service.slurm.commands import (
 )
 from service.slurm.hostlist import compress_hostlist
 from service.slurm.submit import ArrayRequest, AttemptRequest
+from service.slurm.topology import Topology, TopologyKind
 
 CANCELLED_EXIT = 128 + 15  # scancel sends SIGTERM: Slurm records ExitCode=0:15
 
@@ -100,6 +101,8 @@ class FakeSlurm:
     # sbatch queues its job, then times out before its answer comes back
     submit_answer_lost: bool = False
     next_id: int = 1000
+    # Set: the switches are topology/block's blocks of this many nodes (Slurm 24.05+).
+    block_size: int | None = None
 
     @classmethod
     def cluster(
@@ -242,6 +245,13 @@ class FakeSlurm:
     def node_switches(self) -> dict[str, str]:
         self._call("node_switches")
         return {n.name: n.switch for n in self.nodes.values() if n.switch}
+
+    def topology(self) -> Topology:
+        """The nodes' switches as leaves, or as blocks of `block_size` when it is set."""
+        self._call("topology")
+        group_of = {n.name: n.switch for n in self.nodes.values() if n.switch}
+        kind = TopologyKind.BLOCK if self.block_size else TopologyKind.TREE
+        return Topology(kind, group_of, self.block_size)
 
     def drain(self, node: str, reason: str) -> None:
         self._call("drain")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from service.slurm.hostlist import compress_hostlist
+
 
 def group_by_switch(free: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:
     by_switch: dict[str, list[str]] = defaultdict(list)
@@ -84,3 +86,19 @@ def placement_cost(
         "switches_spanned": len(switches),
         "cross_switch_pipeline_edges": len(hops),
     }
+
+
+def placed_groups(nodes: list[str], group_of: dict[str, str | None]) -> dict[str, str]:
+    """Each leaf switch or block the nodes sit in -> its nodes there (`gpu[003-004]`), in
+    the nodes' order: what `run show` prints as the blocks a run spans."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        members[group_of.get(node) or "-"].append(node)
+    return {group: compress_hostlist(names) for group, names in members.items()}
+
+
+def replica_of(nodes: list[str], node: str, group_nodes: int) -> list[str]:
+    """The nodes of `node`'s model replica: ranks fill nodes in order, so replicas are
+    consecutive runs of `group_nodes` nodes (planner/blocks.py)."""
+    start = nodes.index(node) // group_nodes * group_nodes
+    return nodes[start : start + group_nodes]

@@ -41,6 +41,9 @@ class AttemptRequest:
     nodelist: str = ""
     reservation: str | None = None
     nice: int = 0  # Slurm's own ordering of pending jobs follows runyard's priority classes
+    # topology/block: each this many nodes (a model replica's) inside one block, asked as
+    # `--segment` (Slurm 24.05+); None elsewhere (service/nodes/topology.py).
+    segment: int | None = None
 
     @property
     def token_file(self) -> Path:
@@ -125,6 +128,8 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
     if req.reservation:
         # The run's own reservation keeps its nodes between attempts (see reservations.py).
         extra["reservation"] = req.reservation
+    if isinstance(req, AttemptRequest) and req.segment:
+        extra["segment"] = req.segment
     params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
     params["setup"] = [req.token_setup]

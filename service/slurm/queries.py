@@ -1,0 +1,90 @@
+"""The reconciler's read queries, in the form the Slurm at hand reads best: JSON where its
+`--json` is complete (24.05+: it honours the filters and carries every field runyard
+reads), text elsewhere (22.05: scontrol has no --json, and squeue's ignores -j and -r and
+prints raw wait statuses). Which is which comes from contract/slurm_features.py, for the
+version read once (version.py); both forms answer with the same plain data.
+
+The text forms live in commands.py (and accounting.py for sacct), the JSON readers in
+json_output.py; this module only chooses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contract.slurm_features import SlurmFeature
+from service.slurm import accounting, commands, json_output, version
+from service.slurm.commands import JobStatus, SlurmNode, query_jobs, run_slurm, slurm_env
+
+
+def release() -> version.SlurmRelease:
+    """The Slurm the service's environment reaches (read once)."""
+    return version.current(slurm_env())
+
+
+def _json(feature: SlurmFeature) -> bool:
+    return release().has(feature)
+
+
+def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
+    """Live jobs among `job_ids`, in one call; SlurmError when slurmctld does not answer."""
+    if not job_ids or not _json(SlurmFeature.SQUEUE_JSON):
+        return commands.squeue(job_ids)
+    out = query_jobs(["squeue", "--json", "-r", "-j", ",".join(job_ids)])
+    return json_output.parse_jobs(out, job_ids, "squeue --json") if out.strip() else {}
+
+
+def jobs_by_name(prefix: str) -> dict[str, str]:
+    """Name -> id of every job slurmctld knows whose name starts with `prefix`."""
+    if not _json(SlurmFeature.SQUEUE_JSON):
+        return commands.jobs_by_name(prefix)
+    out = run_slurm(["squeue", "--json", "-t", "all"])
+    return {
+        name: job_id
+        for name, job_id, _ in json_output.parse_job_names(out)
+        if name.startswith(prefix)
+    }
+
+
+def array_job_by_name(name: str) -> str | None:
+    """The id of the job array named `name` slurmctld knows, or None."""
+    if not _json(SlurmFeature.SQUEUE_JSON):
+        return commands.array_job_by_name(name)
+    out = run_slurm(["squeue", "--json", "-r", "-t", "all", "-n", name])
+    ids = {
+        array_id for job_name, _, array_id in json_output.parse_job_names(out) if job_name == name
+    }
+    return min(ids, key=int) if ids else None
+
+
+def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
+    """The jobs among `job_ids` slurmctld still remembers (live or ended), in one call."""
+    if not job_ids or not _json(SlurmFeature.SCONTROL_JSON):
+        return commands.show_jobs(job_ids)
+    argv = ["scontrol", "--json", "show", "job"]
+    if len(job_ids) == 1:
+        argv.append(job_ids[0])
+    out = query_jobs(argv)
+    return json_output.parse_jobs(out, job_ids, "scontrol --json show job") if out.strip() else {}
+
+
+def show_nodes() -> list[SlurmNode]:
+    if not _json(SlurmFeature.SCONTROL_JSON):
+        return commands.show_nodes()
+    return json_output.parse_nodes(run_slurm(["scontrol", "--json", "show", "node"]))
+
+
+def show_reservations() -> dict[str, list[str]]:
+    """Reservation name -> its nodes (expanded)."""
+    if not _json(SlurmFeature.SCONTROL_JSON):
+        return commands.show_reservations()
+    out = run_slurm(["scontrol", "--json", "show", "reservation"], check=False)
+    return json_output.parse_reservations(out) if out.strip() else {}
+
+
+def ended_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
+    """How the jobs among `job_ids` ended, from accounting; {} where there is none."""
+    if not job_ids or not _json(SlurmFeature.SACCT_JSON):
+        return accounting.ended_jobs(job_ids)
+    out = accounting.run_sacct(["sacct", "--json", "-X", "-j", ",".join(job_ids)])
+    return json_output.parse_sacct(out, job_ids) if out.strip() else {}
