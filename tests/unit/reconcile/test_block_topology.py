@@ -104,3 +104,18 @@ def test_a_spare_in_the_failed_nodes_block_takes_its_place(
     assert run.nodes == ["unit002", "unit001"]  # the block's spare, nothing else moved
     assert "recovery.spare_assigned" in cluster.events(run_id)
     assert "recovery.replica_moves" not in cluster.events(run_id)
+
+
+def test_no_replica_straddles_two_blocks_when_the_free_nodes_are_uneven(
+    db: sessionmaker[Session], settings: Settings
+) -> None:
+    cluster = block_cluster(settings, num_blocks=3, block_size=4)
+    cluster.set_spares(2)  # unit001 (block1), unit005 (block2): 3, 3 and 4 nodes free
+    run_id = cluster.submit_run("uneven", nodes=8, global_batch=8, **PIPELINE_OF_TWO)
+    cluster.cycle()
+    run = cluster.run(run_id)
+    assert run.state == RunState.RUNNING
+    # Packing node by node would take 4 + 3 + 1 and split a replica between block1 and
+    # block2; in whole replicas it is 4 + 2 + 2.
+    replicas = [run.nodes[i : i + 2] for i in range(0, 8, 2)]
+    assert all(block_of(cluster, a) == block_of(cluster, b) for a, b in replicas), replicas
