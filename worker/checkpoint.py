@@ -9,7 +9,8 @@ and optimizer through `torch.distributed.checkpoint.state_dict`, which names eve
 the whole model's parameter name and keeps sharded ones sharded (DTensor), so a checkpoint
 written by one layout and world size loads into any other; the trainer's counters; and each
 rank's RNG. Training saves asynchronously (AsyncCheckpointer): it waits only for the copy to
-host memory.
+host memory (worker/checkpoint_staging.py), and each save reports what it cost training in all
+(worker/checkpoint_cost.py): that wait, plus how much slower the steps beside it ran.
 
 Checksums. Every rank records the SHA-256 and size of each file it wrote in
 `MANIFEST.rank<r>.json`, in the thread that writes them (ChecksummingWriter); rank 0 merges
@@ -42,7 +43,6 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -53,12 +53,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
-from torch.distributed.tensor import DTensor
 from torch.futures import Future as TorchFuture
 
 from contract import ResumePoint
+from worker.checkpoint_cost import SaveCost, SaveCostMeter
+from worker.checkpoint_staging import HostCopy
 from worker.errors import CheckpointNotCommittedError, WorkerError
-from worker.faults import maybe_crash
+from worker.faults import maybe_crash, stall_write
 from worker.files import folder_size, remove_tree, write_atomic
 
 MARKER = "COMMITTED"
@@ -196,14 +197,25 @@ class ChecksummingWriter(FileSystemWriter):
     its files, in the thread that wrote them (the async save's, never the training thread's)
     and before its write results reach rank 0; rank 0, finishing the save, merges every
     rank's manifest with the `.metadata` file's into MANIFEST.json. A rank whose manifest
-    is missing fails the save, so a checkpoint without checksums is never committed."""
+    is missing fails the save, so a checkpoint without checksums is never committed.
 
-    def __init__(self, path: Path, rank: int) -> None:
+    The files are written without torch.save's zip CRC-32 of every record: our SHA-256
+    manifest already covers every byte, and the CRC is a second pass over the state on the
+    writer's CPU, beside training (torch.load reads such files; zip tools would warn)."""
+
+    def __init__(self, path: Path, rank: int, step: int = -1) -> None:
         super().__init__(path)
         self.folder, self.own_rank = path, rank  # FileSystemWriter has a `rank` of its own
+        self.step = step  # for the fault hooks (worker/faults.py)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-        written = super().write_data(plan, planner)  # FileSystemWriter writes synchronously
+        stall_write(self.step, self.own_rank)  # fault hooks: a slow disk, a writer holding the GIL
+        crc32 = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)  # only checkpoint writes use torch.save
+        try:
+            written = super().write_data(plan, planner)  # FileSystemWriter writes synchronously
+        finally:
+            torch.serialization.set_crc32_options(crc32)
         names = sorted({r.storage_data.relative_path for r in written.wait()})
         files = {name: file_digest(self.folder / name) for name in names}
         write_atomic(
@@ -259,7 +271,7 @@ def mark_corrupt(folder: Path, why: str) -> None:
 def _verify_when_written(written: Future[Any], path: Path, step: int) -> str | None:
     """Rank 0's commit check, in a thread of its own: once every rank's files are written
     (rank 0's save completes only after gathering every rank's results), verify them all."""
-    written.result()
+    written.result()  # waits unless called by the synchronous save()
     maybe_crash("before_verify", step, 0, path)
     return verify(path)
 
@@ -270,10 +282,20 @@ class SavedCheckpoint:
     path: Path
     num_bytes: int  # size on disk of the whole folder (0 on ranks other than 0)
     write_s: float  # from the call until committed
-    blocking_s: float  # how long training waited for it
+    blocking_s: float  # how long training waited for it (worker/checkpoint_cost.py)
     # Rank 0: why the commit's verification failed (the folder is marked CORRUPT, not
     # committed); None when committed, and always on other ranks.
     corrupt: str | None = None
+    # How much longer the steps beside it took than the usual pace (async saves), and
+    # how many there were.
+    excess_s: float = 0.0
+    num_steps_beside: int = 0
+
+    @property
+    def stall_s(self) -> float:
+        """What the save cost training in all, the run's checkpoint badput: the blocking
+        time plus the overlapped steps' excess."""
+        return SaveCost(self.blocking_s, self.excess_s, self.num_steps_beside).stall_s
 
 
 def _remove_stale(path: Path, rank: int) -> None:
@@ -313,7 +335,7 @@ def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCh
     start = time.perf_counter()
     _remove_stale(path, rank)
     # collective: each rank writes its part and its checksums, rank 0 metadata and manifest
-    dcp.save(state, checkpoint_id=path, storage_writer=ChecksummingWriter(path, rank))
+    dcp.save(state, checkpoint_id=path, storage_writer=ChecksummingWriter(path, rank, step))
     dist.barrier()  # sync: every rank's files are complete before the commit
     corrupt = None
     if rank == 0:
@@ -325,78 +347,21 @@ def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCh
     return SavedCheckpoint(step, path, num_bytes, elapsed, elapsed, corrupt)
 
 
-class HostCopy(AsyncStager):
-    """Copies a state dict to host memory in a thread, into buffers kept between saves.
-
-    DCP's own stager copies with UntypedStorage.copy_, which holds the GIL for the whole
-    copy: in the background it stalls the training thread as surely as in the foreground
-    (measured: a Python loop ran at 15% of its speed beside it). Tensor.copy_ releases the
-    GIL, so this copy overlaps the next step's forward and backward, and training waits
-    for it only before the optimizer's next update (AsyncCheckpointer.wait_for_staging),
-    the first moment anything saved changes. Buffers are allocated by the first save and
-    reused (a fresh 1 GB each time page-faulted in at a third of the copy's speed); on a
-    GPU they are pinned, so the device-to-host copy runs at full PCIe speed. It runs on
-    the default stream, after the optimizer step that produced the state.
-    """
-
-    _synchronize_after_execute = False  # the copy is waited for by wait_for_staging()
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runyard-staging")
-
-    def stage(self, state_dict: dict[str, Any]) -> Future[dict[str, Any]]:  # type: ignore[override]
-        return self._thread.submit(self._copy, state_dict, ())
-
-    def _copy(self, value: Any, key: tuple[str, ...]) -> Any:
-        if isinstance(value, dict):
-            return {k: self._copy(v, (*key, str(k))) for k, v in value.items()}
-        if type(value) in (list, tuple):
-            return type(value)(self._copy(v, (*key, str(i))) for i, v in enumerate(value))
-        if isinstance(value, DTensor):
-            # This rank's shard in host memory, under the same global layout (DCP's own
-            # stager does the same). Not DTensor.from_local: it would move the shard back
-            # to the mesh's GPU.
-            local = self._copy_tensor(value.to_local(), key)
-            return DTensor(local, value._spec, requires_grad=False)
-        if isinstance(value, torch.Tensor):
-            return self._copy_tensor(value, key)
-        return value  # numbers and strings: read when state_dict() was called
-
-    def _copy_tensor(self, tensor: torch.Tensor, key: tuple[str, ...]) -> torch.Tensor:
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(
-                tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.is_cuda
-            )
-            self._buffers[key] = buffer
-        buffer.copy_(tensor)
-        return buffer
-
-    def synchronize_staging(self) -> None:
-        """Nothing: AsyncCheckpointer waits on the future stage() returned."""
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
-        self._buffers.clear()
-
-
 @dataclass
 class _InFlight:
     step: int
     path: Path
     future: Future[Any]  # the files written (and, on rank 0, every rank's)
     verified: Future[str | None] | None  # rank 0: the commit's check of every file
-    staged: Future[None] | None  # the copy to host memory; None once waited for
     start: float
-    blocking_s: float
 
 
 class AsyncCheckpointer:
     """Saves with `dcp.async_save`, one save in flight; rank 0 commits each one it completes.
 
     Training waits only for the copy of the state to host memory, and only if it is still
-    running when the next optimizer update starts (see HostCopy); a background thread
+    running when the next optimizer update starts (on a GPU not even then: the update
+    waits for it on the device; see worker/checkpoint_staging.py); a background thread
     writes the files. That thread's collectives (DCP plans the save, then gathers every
     rank's write results to rank 0, which writes the metadata) run on a gloo process group
     of their own, so they never interleave with training's collectives on the default group.
@@ -404,6 +369,9 @@ class AsyncCheckpointer:
     is done every rank's files are on disk, and rank 0 commits without another collective.
     Rank 0 verifies every file against its checksum before it commits, in a thread of its
     own (`verifier`): training never waits for that read either.
+
+    Each save's cost to training is measured (worker/checkpoint_cost.py): every wait for it
+    here, and the steps beside it against the usual pace, which needs poll() once a step.
     """
 
     def __init__(self, checkpoint_dir: Path, state: dict[str, Stateful]) -> None:
@@ -413,19 +381,20 @@ class AsyncCheckpointer:
         self.in_flight: _InFlight | None = None
         self.stager = HostCopy()
         self.verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runyard-verify")
+        self.cost = SaveCostMeter()
 
     def save(self, step: int) -> None:
         """Start saving `step`; call wait() first if a save is in flight (two at once would
         contend for the group and double the host memory)."""
         if self.in_flight is not None:
             raise RuntimeError(f"step {self.in_flight.step} is still being saved: wait() first")
+        start = time.perf_counter()
         path = step_folder(self.checkpoint_dir, step)
         _remove_stale(path, self.rank)
-        start = time.perf_counter()
         response = dcp.async_save(
             self.state,
             checkpoint_id=path,
-            storage_writer=ChecksummingWriter(path, self.rank),
+            storage_writer=ChecksummingWriter(path, self.rank, step),
             process_group=self.group,
             async_stager=self.stager,
         )
@@ -435,26 +404,17 @@ class AsyncCheckpointer:
         if self.rank == 0:
             written = response.upload_completion
             verified = self.verifier.submit(_verify_when_written, written, path, step)
-        self.in_flight = _InFlight(
-            step,
-            path,
-            response.upload_completion,
-            verified,
-            response.staging_completion,
-            start,
-            blocking_s=time.perf_counter() - start,
-        )
+        self.in_flight = _InFlight(step, path, response.upload_completion, verified, start)
+        self.cost.blocked(time.perf_counter() - start)
+        self.cost.started()
 
     def wait_for_staging(self) -> None:
-        """Block until the save in flight has copied the state to host memory: call it
-        before anything saved changes (the optimizer's update). Free once the copy is done;
-        raises what the copy raised."""
-        if self.in_flight is None or self.in_flight.staged is None:
-            return
+        """Call before anything saved changes (the optimizer's update): returns once the
+        save in flight no longer needs the state as it is (see HostCopy.wait_for_copy).
+        Free once the copy is done; raises what the copy raised."""
         start = time.perf_counter()
-        self.in_flight.staged.result()
-        self.in_flight.blocking_s += time.perf_counter() - start
-        self.in_flight.staged = None
+        self.stager.wait_for_copy()
+        self.cost.blocked(time.perf_counter() - start)
 
     def close(self) -> None:
         """Finish the save in flight (uncommitted: call wait() for that) and free the copy."""
@@ -464,7 +424,9 @@ class AsyncCheckpointer:
         self.stager.close()
 
     def poll(self) -> SavedCheckpoint | None:
-        """Commit the save in flight if it completed (no collective: call it at any step)."""
+        """Call once per training step, after it: times the step (worker/checkpoint_cost.py)
+        and commits the save in flight if it completed (no collective)."""
+        self.cost.step_ended()
         done = self.in_flight
         if done is not None and done.future.done() and (done.verified or done.future).done():
             return self.wait()
@@ -473,15 +435,28 @@ class AsyncCheckpointer:
     def wait(self) -> SavedCheckpoint | None:
         """Block until the save in flight completed, and commit it; None if there was none.
         Raises what the save raised on any rank (a failed write is never committed). On rank
-        0 a save whose files fail their checksums is marked CORRUPT instead (see `corrupt`)."""
+        0 a save whose files fail their checksums is marked CORRUPT instead (see `corrupt`).
+        The wait counts as the save's blocking time: training is not stepping meanwhile."""
         if self.in_flight is None:
             return None
         done, self.in_flight = self.in_flight, None
+        start = time.perf_counter()
         done.future.result()
         corrupt = done.verified.result() if done.verified is not None else None
         num_bytes = _commit(done.path, done.step, self.rank, corrupt)
-        write_s = time.perf_counter() - done.start
-        return SavedCheckpoint(done.step, done.path, num_bytes, write_s, done.blocking_s, corrupt)
+        now = time.perf_counter()
+        self.cost.blocked(now - start)
+        cost = self.cost.finished()
+        return SavedCheckpoint(
+            done.step,
+            done.path,
+            num_bytes,
+            write_s=now - done.start,
+            blocking_s=cost.blocking_s,
+            corrupt=corrupt,
+            excess_s=cost.excess_s,
+            num_steps_beside=cost.num_steps_beside,
+        )
 
 
 def _step_of(path: Path) -> int:

@@ -33,6 +33,13 @@ Faults (and the point of the step where each fires):
                         outside the timed update. Not a failure: it gives the integration
                         tests runs whose length in seconds does not depend on how fast the
                         machine computes, so a fault still lands while the run trains.
+  slow_checkpoint_write the checkpoint writer of this step's save sleeps its seconds (else
+                        RUNYARD_FAULT_SLOW_S) before writing, the GIL released, as a slow
+                        filesystem would stretch it: training steps on beside it.
+  gil_checkpoint_write  the checkpoint writer of this step's save holds the GIL for its
+                        seconds (else RUNYARD_FAULT_SLOW_S) before writing, as serialisation
+                        that never releases it would: training's thread stops meanwhile,
+                        and the save's cost (worker/checkpoint_cost.py) must show it.
   flip_param            after this step's update, this rank flips a low mantissa bit of one
                         value of its parameters: its data-parallel replica silently
                         differs from the others, as a bit flip in a GPU's memory or ALU
@@ -42,6 +49,7 @@ Unset in production; the e2e suite, tests/unit/worker and tests/integration set 
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -64,12 +72,14 @@ FAULTS = {
     "nan_at_step": "step_values",
     "slow_step": "update",
     "flip_param": "after_update",
+    "slow_checkpoint_write": "write",
+    "gil_checkpoint_write": "write",
     "pace_step": "step_end",
 }
 # Faults that fire on every step from theirs on, not only at it.
 FROM_STEP_ON = frozenset({"slow_step", "pace_step"})
 # Faults that sleep, and so take =<seconds>.
-SLEEPING = frozenset({"slow_step", "pace_step"})
+SLEEPING = frozenset({"slow_step", "pace_step", "slow_checkpoint_write", "gil_checkpoint_write"})
 DEFAULT_SLOW_S = 0.3
 POINTS = tuple(sorted(set(FAULTS.values())))
 
@@ -173,6 +183,23 @@ def slow_down(step: int, rank: int) -> float:
     seconds = max(default if f.seconds is None else f.seconds for f in firing)
     time.sleep(seconds)
     return seconds
+
+
+def stall_write(step: int, rank: int) -> float:
+    """In the checkpoint writer's thread, before it writes `step`'s files: sleep as
+    slow_checkpoint_write says, hold the GIL as gil_checkpoint_write says. How long in all."""
+    total = 0.0
+    for fault in _firing("write", step, rank):
+        default = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
+        seconds = default if fault.seconds is None else fault.seconds
+        print(f"RUNYARD_FAULT: {fault.name} {seconds}s on rank {rank}, step {step}", flush=True)
+        if fault.name == "gil_checkpoint_write":
+            # A C function called through ctypes.PyDLL keeps the GIL (CDLL would release it).
+            ctypes.PyDLL(None).usleep(ctypes.c_uint(round(seconds * 1e6)))
+        else:
+            time.sleep(seconds)
+        total += seconds
+    return total
 
 
 def pace(step: int, rank: int, step_started: float) -> float:

@@ -152,10 +152,13 @@ class Reporter:
         num_bytes: int = 0,
         write_s: float = 0.0,
         detail: str = "",
+        stall_s: float | None = None,
     ) -> bool:
         """Register a checkpoint as WRITING or COMMITTED, or report it CORRUPT with `detail`
         (blocks, bounded). True once the service has it: only then may older checkpoints be
-        pruned, because the service resumes from the newest commit *it* knows of."""
+        pruned, because the service resumes from the newest commit *it* knows of. `stall_s`,
+        with COMMITTED: what the save cost training in all, its blocking time plus its
+        overlapped steps' excess (worker/checkpoint_cost.py)."""
         return True
 
     def finish(self, final_step: int, final_checkpoint_step: int) -> None:
@@ -221,9 +224,16 @@ class FileReporter(Reporter):
         num_bytes: int = 0,
         write_s: float = 0.0,
         detail: str = "",
+        stall_s: float | None = None,
     ) -> bool:
         self._append(
-            "checkpoint", step=step, path=path, state=state, num_bytes=num_bytes, write_s=write_s
+            "checkpoint",
+            step=step,
+            path=path,
+            state=state,
+            num_bytes=num_bytes,
+            write_s=write_s,
+            stall_s=stall_s,
         )
         return True
 
@@ -406,6 +416,7 @@ class HttpReporter(Reporter):
         num_bytes: int = 0,
         write_s: float = 0.0,
         detail: str = "",
+        stall_s: float | None = None,
     ) -> bool:
         body: dict[str, Any] = {
             "step": step,
@@ -416,6 +427,8 @@ class HttpReporter(Reporter):
         }
         if detail:
             body["detail"] = detail[:4000]
+        if stall_s is not None:
+            body["stall_s"] = stall_s
         # WRITING is informational: a service that is down must not stall training for it.
         # COMMITTED is what resumes rely on: worth waiting for, within a bound.
         stop_after_s = WRITING_RETRY_S if state == "WRITING" else CHECKPOINT_RETRY_S

@@ -447,10 +447,13 @@ def register_commit(
         return False
     if not is_rank0:
         return True
-    known = reporter.checkpoint(saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s)
+    known = reporter.checkpoint(
+        saved.step, target, "COMMITTED", saved.num_bytes, saved.write_s, stall_s=saved.stall_s
+    )
     print(
         f"checkpoint step {saved.step}: {saved.num_bytes} bytes in {saved.write_s:.2f}s "
-        f"(training blocked {saved.blocking_s:.3f}s)",
+        f"(training blocked {saved.blocking_s:.3f}s, {saved.num_steps_beside} steps beside "
+        f"it {saved.excess_s:+.3f}s: cost {saved.stall_s:.3f}s)",
         flush=True,
     )
     # Prune only once the service knows of this commit: until then it would resume a new

@@ -201,6 +201,9 @@ class Checkpoint(Base):
     state: Mapped[CheckpointState] = mapped_column(_enum(CheckpointState, "checkpoint_state"))
     num_bytes: Mapped[int | None] = mapped_column(BigInteger)
     write_s: Mapped[float | None] = mapped_column(Float)
+    # What the save cost training: its blocking time plus how much slower the steps beside
+    # it ran (worker/checkpoint_cost.py); the run's checkpoint badput. None: an older worker.
+    stall_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Set when it was found CORRUPT: which file failed and how, when, and by which attempt

@@ -40,7 +40,10 @@ class LostTime(BaseModel):
         description="From an attempt's start to its first step "
         "(process start, rendezvous, checkpoint load)."
     )
-    checkpoint_stalls_s: float = Field(description="Training blocked on checkpoint writes.")
+    checkpoint_stalls_s: float = Field(
+        description="What checkpoint saves cost training: the time they blocked it plus how "
+        "much slower the steps beside each asynchronous save ran (worker/checkpoint_cost.py)."
+    )
     rolled_back_s: float = Field(
         default=0.0,
         description="Steps trained after the checkpoint a rollback past a loss spike or "
@@ -61,6 +64,15 @@ class Goodput(BaseModel):
     goodput: float | None = Field(description="productive / allocated (None before the start).")
     lost: LostTime
     queued_s: float = Field(description="Waiting in the Slurm queue before the first start.")
+
+
+def checkpoint_stall_s(checkpoint: Checkpoint) -> float:
+    """What one save cost training, as its worker measured it: blocking time plus the excess
+    of the steps that ran beside it. A save reported by a worker from before that
+    measurement has only its write time, which is counted whole, as it used to be."""
+    if checkpoint.stall_s is not None:
+        return checkpoint.stall_s
+    return checkpoint.write_s or 0.0
 
 
 def _s(start: datetime | None, end: datetime | None) -> float:
@@ -135,7 +147,7 @@ def compute_goodput(
                 else:
                     recomputed += trained
                 detection += _s(progress_end, attempt.ended_at)
-    stalls = sum(c.write_s or 0.0 for c in checkpoints)
+    stalls = sum(map(checkpoint_stall_s, checkpoints))
     lost = LostTime(
         recomputed_steps_s=recomputed,
         detection_s=detection,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from service.models import Attempt, AttemptState, Checkpoint, Run
 from service.models.base import utcnow
-from service.runs.goodput import Goodput, LostTime, _s
+from service.runs.goodput import Goodput, LostTime, _s, checkpoint_stall_s
 
 
 def replica_goodput(
@@ -62,7 +62,7 @@ def replica_goodput(
         detection_s=detection / groups,
         drain_and_resubmit_s=resubmit / groups,
         startup_and_load_s=startup / groups,
-        checkpoint_stalls_s=sum(c.write_s or 0.0 for c in checkpoints),
+        checkpoint_stalls_s=sum(map(checkpoint_stall_s, checkpoints)),
         degraded_s=degraded / groups,
     )
     lost_s = (

@@ -75,6 +75,12 @@ class CheckpointReport(_In):
     )
     num_bytes: int | None = Field(default=None, ge=0)
     write_s: float | None = Field(default=None, ge=0)
+    stall_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="With COMMITTED: what the save cost training, its blocking time plus "
+        "how much slower the steps beside it ran; the run's checkpoint badput.",
+    )
     detail: str = Field(default="", max_length=4000)
 
 

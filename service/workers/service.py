@@ -151,6 +151,7 @@ def record_checkpoint(session: Session, attempt_id: int, report: CheckpointRepor
         report.num_bytes if report.num_bytes is not None else checkpoint.num_bytes
     )
     checkpoint.write_s = report.write_s if report.write_s is not None else checkpoint.write_s
+    checkpoint.stall_s = report.stall_s if report.stall_s is not None else checkpoint.stall_s
     if report.state == "COMMITTED" and checkpoint.state != CheckpointState.COMMITTED:
         checkpoint.state, checkpoint.committed_at = CheckpointState.COMMITTED, utcnow()
         session.flush()
@@ -165,6 +166,7 @@ def record_checkpoint(session: Session, attempt_id: int, report: CheckpointRepor
                 "path": report.path,
                 "num_bytes": report.num_bytes,
                 "write_s": report.write_s,
+                "stall_s": report.stall_s,
             },
         )
         _mark_pruned(session, run)
