@@ -129,12 +129,13 @@ def degree_problems(
     """The rules that depend on the model-parallel degrees alone; `gpus_per_node` None when
     the caller does not know the node size (a worker checks its own allocation)."""
     problems: list[LayoutProblem] = []
-    # Tensor parallel splits heads, kv heads, the MLP width and the vocabulary across ranks.
+    # Tensor parallel splits heads, kv heads, the MLP width and the vocabulary across ranks;
+    # the vocabulary as padded (ModelShape.padded_vocab), which every tp in a node divides.
     for name, size in (
         ("heads", shape.heads),
         ("kv_heads", shape.kv_heads),
         ("ffn", shape.ffn),
-        ("vocab", shape.vocab),
+        ("padded vocab", shape.padded_vocab),
     ):
         if size % tp:
             problems.append(

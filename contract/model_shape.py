@@ -8,6 +8,14 @@ from pydantic import Field, model_validator
 
 from ._frozen import Frozen
 
+# Megatron-LM pads the embedding and output layers to a multiple of
+# make_vocab_size_divisible_by (default 128) times tp, so that tensor parallel divides them
+# and the output GEMM keeps tensor-core-friendly tiles. We pad once for every tp a node of
+# eight GPUs allows (1, 2, 4, 8: the brief's nodes, DGX H100), 128 x 8, so that a
+# checkpoint's shapes do not depend on the layout and a run resumes at another tp.
+VOCAB_PAD_MULTIPLE = 128 * 8
+MAX_NODE_TENSOR_PARALLEL = 8
+
 
 class ModelShape(Frozen):
     """A dense Llama-style decoder."""
@@ -37,6 +45,16 @@ class ModelShape(Frozen):
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding and the output layer. A vocabulary every tp inside a node
+        divides is kept as it is; any other (GPT-2's 50,257) is padded to the next multiple
+        of VOCAB_PAD_MULTIPLE. The padded rows are never a token: the logits and the loss
+        leave them out (worker/model.py), and the Hugging Face export drops them."""
+        if self.vocab % MAX_NODE_TENSOR_PARALLEL == 0:
+            return self.vocab
+        return -(-self.vocab // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @property
     def num_params(self) -> int:

@@ -55,9 +55,10 @@ def stage_params(model: ModelShape, layout: Layout) -> float:
     """Parameters one rank holds before ZeRO sharding: its layers and an embedding, / tp.
 
     With one stage it holds both embedding tables; with several, the first stage holds
-    the input table and the last the output projection, so the busiest holds one.
+    the input table and the last the output projection, so the busiest holds one. Both
+    have the padded vocabulary's rows (`ModelShape.padded_vocab`, Megatron's padding).
     """
-    embeddings = (2 if layout.pp == 1 else 1) * model.vocab * model.hidden
+    embeddings = (2 if layout.pp == 1 else 1) * model.padded_vocab * model.hidden
     return (layout.stage_layers(model.layers) * layer_params(model) + embeddings) / layout.tp
 
 
@@ -116,7 +117,7 @@ def activation_bytes(
         working = activation_bytes_per_token(model, "none", layout.precision)
         stored += working * tokens / layout.tp
     logit_bytes = FUSED_LOSS_LOGIT_BYTES if fused_loss else LOGIT_BYTES
-    logits = logit_bytes * tokens * model.vocab / layout.tp
+    logits = logit_bytes * tokens * model.padded_vocab / layout.tp  # the padded GEMM's output
     return stored + logits
 
 

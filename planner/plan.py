@@ -11,18 +11,23 @@ from collections.abc import Mapping
 from contract import ModelShape
 
 from .advice import PlanError, misfit_error, no_layout_error
+from .calibration import Calibration
+from .collectives import Fabric
 from .hardware import GIB, Network, hardware_named
 from .layout import PINNABLE, PRECISIONS, RECOMPUTE_MODES
 from .reliability import ReliabilityAssumptions, assess
 from .schemas import (
     Alternative,
+    CalibrationApplied,
     CheckpointPlan,
     MemoryGiB,
     PlannedLayout,
     PlanResult,
     StepBreakdown,
+    StepTerms,
 )
 from .search import Candidate, Pinned, Request, SearchOutcome, search
+from .step_time import UNSCALED, StepScale, estimate_step, step_terms_s
 from .transformer import model_flops_per_token
 
 
@@ -36,6 +41,7 @@ def make_request(
     network: str = "ib",
     pinned: Mapping[str, int | str | None] | None = None,
     gpus_per_node: int = 8,
+    scale: StepScale = UNSCALED,
 ) -> Request:
     """Validate the inputs into a search request; a PlanError names the bad field."""
     try:
@@ -67,6 +73,7 @@ def make_request(
         global_batch_seqs=global_batch_tokens // seq_len,
         precision=precision,
         pinned=_pinned(pinned or {}, num_gpus),
+        scale=scale,
     )
 
 
@@ -109,8 +116,13 @@ def plan(
     gpus_per_node: int = 8,
     reliability: ReliabilityAssumptions | None = None,
     num_runners_up: int = 5,
+    calibration: Calibration | None = None,
 ) -> PlanResult:
     """The fastest layout that fits, with its memory, speed and failure plan.
+
+    `calibration`: the cluster's corrections from its own measured runs
+    (planner/calibration.py): the search ranks layouts with them, and the checkpoint and
+    restart figures use them; None plans from the published figures alone.
 
     Raises PlanError when nothing fits or nothing valid matches the pins, with the reason
     and (for memory) by how much and what would help.
@@ -126,10 +138,13 @@ def plan(
         pinned,
         gpus_per_node,
         keep=num_runners_up + 1,
+        scale=calibration.scale if calibration is not None else UNSCALED,
     )
     if not outcome.ranked:
         raise no_layout_error(request, outcome)
-    return _result(request, outcome, reliability)
+    if calibration is not None:
+        reliability = calibration.reliability(reliability)
+    return _result(request, outcome, reliability, calibration)
 
 
 def explain_does_not_fit(
@@ -176,6 +191,7 @@ def _searched(
     pinned: Mapping[str, int | str | None] | None,
     gpus_per_node: int,
     keep: int,
+    scale: StepScale = UNSCALED,
 ) -> tuple[Request, SearchOutcome]:
     """Validate the inputs and search their layouts, keeping the `keep` fastest that fit."""
     request = make_request(
@@ -188,6 +204,7 @@ def _searched(
         network,
         pinned,
         gpus_per_node,
+        scale,
     )
     return request, search(request, keep=keep)
 
@@ -216,10 +233,37 @@ def _speed(request: Request, candidate: Candidate) -> tuple[float, float, float]
     return tokens_per_s, per_gpu / request.hardware.peak_bf16_flops, per_gpu / 1e12
 
 
+def _published_figures(request: Request, best: Candidate) -> tuple[float, StepTerms]:
+    """The chosen layout's step time from the published figures alone, and its split into
+    compute and communication: what the service stores to calibrate later plans from."""
+    fabric = Fabric.of(request.hardware, request.network, request.gpus_per_node)
+    args = (request.model, request.hardware, fabric, best.layout, request.seq_len)
+    step = estimate_step(*args, best.grad_accum).total_s
+    compute, communication = step_terms_s(*args, best.grad_accum)
+    return step, StepTerms(compute_s=compute, communication_s=communication)
+
+
+def _calibration_applied(calibration: Calibration) -> CalibrationApplied:
+    return CalibrationApplied(
+        applied=calibration.applied,
+        summary=calibration.describe(),
+        compute=calibration.scale.compute,
+        communication=calibration.scale.communication,
+        checkpoint=calibration.checkpoint,
+        restart_s=calibration.startup_s,
+        num_runs=calibration.num_runs,
+        per_term=calibration.per_term,
+    )
+
+
 def _result(
-    request: Request, outcome: SearchOutcome, assumptions: ReliabilityAssumptions | None
+    request: Request,
+    outcome: SearchOutcome,
+    assumptions: ReliabilityAssumptions | None,
+    calibration: Calibration | None = None,
 ) -> PlanResult:
     best = outcome.ranked[0]
+    uncalibrated_step_s, terms = _published_figures(request, best)
     tokens_per_s, mfu, tflops = _speed(request, best)
     rel = assess(
         request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
@@ -290,4 +334,7 @@ def _result(
         runners_up=runners_up,
         rejected=dict(outcome.rejected),
         rejected_examples=dict(outcome.examples),
+        calibration=_calibration_applied(calibration) if calibration is not None else None,
+        uncalibrated_step_time_s=uncalibrated_step_s,
+        step_terms_s=terms,
     )

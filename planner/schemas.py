@@ -69,6 +69,27 @@ class CheckpointPlan(_Out):
     fast_interval_steps: int | None = None
 
 
+class StepTerms(_Out):
+    """The published-figure model's step split by kind of term, overlap included: what a
+    cluster's calibration fits its factors against (planner/calibration.py)."""
+
+    compute_s: float
+    communication_s: float
+
+
+class CalibrationApplied(_Out):
+    """The cluster's own corrections this plan applied, and the history behind them."""
+
+    applied: bool = Field(description="False: too little history; the published figures.")
+    summary: str = Field(description="One line: what was corrected, by how much, from what.")
+    compute: float = 1.0
+    communication: float = 1.0
+    checkpoint: float = 1.0
+    restart_s: float | None = None
+    num_runs: int = Field(default=0, description="Measured runs the step factors come from.")
+    per_term: bool = Field(default=False, description="Compute and communication fitted apart.")
+
+
 class Alternative(_Out):
     """A runner-up layout, for comparison with the best."""
 
@@ -115,3 +136,14 @@ class PlanResult(_Out):
     rejected: dict[str, int] = Field(description="Layouts not chosen, counted by reason.")
     rejected_examples: dict[str, str] = Field(description="One example sentence per reason.")
     mfu_convention: str = MFU_CONVENTION
+    calibration: CalibrationApplied | None = Field(
+        default=None,
+        description="The cluster's corrections from its own measured runs; None when none "
+        "were asked for (`--uncalibrated`, or a plan made without the cluster's history).",
+    )
+    uncalibrated_step_time_s: float | None = Field(
+        default=None, description="The same layout's step time from the published figures."
+    )
+    step_terms_s: StepTerms | None = Field(
+        default=None, description="The published-figure step split into compute and comms."
+    )

@@ -17,7 +17,7 @@ from .collectives import Fabric
 from .hardware import Hardware, Network
 from .layout import RECOMPUTE_MODES, Layout, Reason, check_degrees, check_schedule
 from .memory import MemoryBreakdown, memory_per_gpu
-from .step_time import StepTime, estimate_step
+from .step_time import UNSCALED, StepScale, StepTime, estimate_step
 
 ZERO_STAGES = (0, 1, 2, 3)
 MAX_MICRO_BATCH = 16
@@ -54,6 +54,9 @@ class Request:
     global_batch_seqs: int
     precision: str
     pinned: Pinned = Pinned()
+    # The cluster's own corrections of the step-time model (planner/calibration.py), which
+    # rank the layouts as they would measure here; UNSCALED: the published-figure model.
+    scale: StepScale = UNSCALED
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,11 +214,17 @@ def _cost(
         closest = outcome.closest_misfit
         if closest is None or memory.total < closest.memory.total:
             step = estimate_step(
-                request.model, request.hardware, fabric, layout, request.seq_len, grad_accum
+                request.model,
+                request.hardware,
+                fabric,
+                layout,
+                request.seq_len,
+                grad_accum,
+                request.scale,
             )
             outcome.closest_misfit = Candidate(layout, grad_accum, memory, step)
         return
     step = estimate_step(
-        request.model, request.hardware, fabric, layout, request.seq_len, grad_accum
+        request.model, request.hardware, fabric, layout, request.seq_len, grad_accum, request.scale
     )
     fitting.append(Candidate(layout, grad_accum, memory, step))

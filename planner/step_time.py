@@ -63,6 +63,23 @@ LOSS_BYTES_FUSED = 2.0 + 2 * 2  # per logit: BF16 read forward, read + write bac
 
 
 @dataclass(frozen=True, slots=True)
+class StepScale:
+    """Per-cluster corrections of the model's two kinds of terms, fitted from the cluster's
+    own measured runs (`calibration.py`); 1.0 is the published-figure model.
+
+    compute: everything a GPU does on its own (GEMMs, attention, memory-bound ops, launch
+    gaps, the optimizer); communication: every collective and point-to-point transfer
+    (tensor-, context-, pipeline- and data-parallel), before overlap is worked out.
+    """
+
+    compute: float = 1.0
+    communication: float = 1.0
+
+
+UNSCALED = StepScale()
+
+
+@dataclass(frozen=True, slots=True)
 class StepTime:
     """Seconds of one optimizer step on the busiest rank, by cause."""
 
@@ -214,12 +231,13 @@ def logits_s(model: ModelShape, hardware: Hardware, layout: Layout, tokens: int)
     ColumnParallelLinear outside Transformer Engine's FP8 layers, and torchtitan's float8
     conversion skips the "output" module by default.
     """
-    gemm = gemm_s(tokens, model.hidden, model.vocab // layout.tp, hardware, "bf16")
+    # The projection computes the padded vocabulary's logits (`ModelShape.padded_vocab`).
+    gemm = gemm_s(tokens, model.hidden, model.padded_vocab // layout.tp, hardware, "bf16")
     # PyTorch's loss makes ~4 FP32 passes over the logits (cast, log-softmax, its
     # backward, the cast back); a fused cross-entropy reads the BF16 logits forward and
     # reads and overwrites them with their gradient backward (flash-attn's xentropy).
     per_logit = LOSS_BYTES_FUSED if hardware.fused_loss else LOSS_BYTES_PYTORCH
-    loss_bytes = per_logit * tokens * model.vocab / layout.tp
+    loss_bytes = per_logit * tokens * model.padded_vocab / layout.tp
     return 3 * gemm + loss_bytes / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
 
 
@@ -231,6 +249,7 @@ def _data_parallel_s(
     forward_s: float,
     backward_s: float,
     num_layers: int,
+    communication: float = 1.0,
 ) -> float:
     """Exposed data-parallel time per step, and the slowdown of what it overlaps.
 
@@ -241,7 +260,7 @@ def _data_parallel_s(
     batch, and cannot hide the first layer's gather.
     """
     size, stride = layout.dp * layout.cp, layout.tp
-    gather = fabric.collective_s(num_bytes, size, stride, passes=1)
+    gather = communication * fabric.collective_s(num_bytes, size, stride, passes=1)
     if size <= 1:
         return 0.0
     windows: list[tuple[float, float]]  # (collective time, compute it may hide behind)
@@ -277,9 +296,36 @@ def estimate_step(
     layout: Layout,
     seq_len: int,
     grad_accum: int,
+    scale: StepScale = UNSCALED,
 ) -> StepTime:
     """The step time of `layout` for a global batch of grad_accum x dp micro batches."""
-    return step_parts(model, hardware, fabric, layout, seq_len, grad_accum).step
+    return step_parts(model, hardware, fabric, layout, seq_len, grad_accum, scale).step
+
+
+def step_terms_s(
+    model: ModelShape,
+    hardware: Hardware,
+    fabric: Fabric,
+    layout: Layout,
+    seq_len: int,
+    grad_accum: int,
+) -> tuple[float, float]:
+    """(compute, communication): how much of the unscaled step time each kind of term
+    accounts for, overlap included, so that they add up to the step time.
+
+    Every term scales with one of the two factors of StepScale and the overlaps are
+    max(0, a - b) of such terms, so the step time is homogeneous of degree one in them and
+    equals compute x dT/dcompute + communication x dT/dcommunication (Euler); each part is
+    that derivative at (1, 1), taken numerically. These are what a calibration fits its
+    factors against (`calibration.py`)."""
+    h = 1e-3
+
+    def total(compute: float, communication: float) -> float:
+        scale = StepScale(compute, communication)
+        return estimate_step(model, hardware, fabric, layout, seq_len, grad_accum, scale).total_s
+
+    compute = (total(1 + h, 1.0) - total(1 - h, 1.0)) / (2 * h)
+    return compute, total(1.0, 1.0) - compute
 
 
 def step_parts(
@@ -289,6 +335,7 @@ def step_parts(
     layout: Layout,
     seq_len: int,
     grad_accum: int,
+    scale: StepScale = UNSCALED,
 ) -> StepParts:
     """`estimate_step` with the per-layer terms it adds up, for callers that show them."""
     tokens = layout.micro_batch_size * seq_len // layout.cp
@@ -306,31 +353,35 @@ def step_parts(
     logits = logits_s(model, hardware, layout, tokens)
     busiest = layout.stage_layers(model.layers)
     stage_layers, stage_extra = busiest_stage(model, layout, layer, logits)
-    compute_mb = stage_layers * (layer.forward_s + layer.backward_s) + stage_extra
-    tp_mb = stage_layers * layer.tp_comm_s
-    cp_mb = stage_layers * layer.cp_comm_s
+    # A calibration's factors (StepScale) multiply each term by its kind; 1.0 by default.
+    compute, communication = scale.compute, scale.communication
+    compute_mb = compute * (stage_layers * (layer.forward_s + layer.backward_s) + stage_extra)
+    tp_mb = communication * stage_layers * layer.tp_comm_s
+    cp_mb = communication * stage_layers * layer.cp_comm_s
     stage_mb = compute_mb + tp_mb + cp_mb
     bubble = (layout.pp - 1) / layout.vp * stage_mb
     pp_comm = 0.0
     if layout.pp > 1:
         message = 2.0 * tokens * model.hidden / layout.tp  # scattered across tp ranks
         hop = fabric.p2p_s(message, layout.tp * layout.cp * layout.dp)
-        pp_comm = 2 * (layout.pp * layout.vp - 1) * hop
+        pp_comm = communication * 2 * (layout.pp * layout.vp - 1) * hop
     params = stage_params(model, layout)
     dp_comm = _data_parallel_s(
         fabric,
         layout,
         2.0 * params,
         grad_accum,
-        forward_s=stage_layers * layer.forward_s,
-        backward_s=stage_layers * layer.backward_s,
+        forward_s=compute * stage_layers * layer.forward_s,
+        backward_s=compute * stage_layers * layer.backward_s,
         num_layers=max(1, busiest),
+        communication=communication,
     )
+    hbm = HBM_EFFICIENCY * hardware.hbm_bytes_per_s
     if layout.zero_stage == 3 and layout.dp * layout.cp > 1:
         copies = grad_accum * params * ZERO3_COPY_BYTES_PER_PARAM
-        dp_comm += copies / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+        dp_comm += compute * copies / hbm
     owned = params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
-    optimizer = owned * OPTIMIZER_BYTES_MOVED / (HBM_EFFICIENCY * hardware.hbm_bytes_per_s)
+    optimizer = compute * owned * OPTIMIZER_BYTES_MOVED / hbm
     step = StepTime(
         compute_s=grad_accum * compute_mb,
         tp_comm_s=grad_accum * tp_mb,

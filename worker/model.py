@@ -142,10 +142,13 @@ class Transformer(nn.Module):
     def __init__(self, shape: ModelShape, max_seq_len: int = 8192) -> None:
         super().__init__()
         self.shape, self.max_seq_len = shape, max_seq_len
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        # Both vocabulary layers have shape.padded_vocab rows, so that every tp in a node
+        # divides them (Megatron's padding); forward() drops the padded logits.
+        rows = shape.padded_vocab
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(rows, shape.hidden)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
         self.norm: RMSNorm | None = RMSNorm(shape.hidden, shape.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, rows, bias=False)
         # Positions of this rank's tokens, when they are not 0..seq-1 (context parallel).
         self.rope_positions: torch.Tensor | None = None
         # Not persistent: derived from the shape, so checkpoints hold only learned weights.
@@ -173,7 +176,14 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.output is None:
+            return h
+        logits = self.output(h)
+        # The padded rows are no token: their logits never reach the loss or the caller,
+        # so they get no gradient and stay at their zero init.
+        if self.shape.padded_vocab != self.shape.vocab:
+            logits = logits[..., : self.shape.vocab]
+        return logits
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -193,10 +203,34 @@ class Transformer(nn.Module):
             else:
                 std = residual_std if name.endswith(("wo.weight", "w2.weight")) else INIT_STD
                 generator = torch.Generator(device="cpu").manual_seed(_name_seed(seed, name))
-                # Drawn on CPU in fp32: the same numbers whatever the device and dtype.
-                full = torch.empty(param.shape).normal_(0.0, std, generator=generator)
+                # Drawn on CPU in fp32: the same numbers whatever the device and dtype. The
+                # vocabulary layers draw their real rows only; padded rows start at zero.
+                drawn = unpadded_shape(name, param.shape, self.shape)
+                full = pad_vocab_rows(
+                    name, torch.empty(drawn).normal_(0.0, std, generator=generator), self.shape
+                )
             copy_into(param, full)
         self.init_buffers()
+
+
+VOCAB_LAYERS = ("tok_embeddings.weight", "output.weight")  # rows indexed by token id
+
+
+def unpadded_shape(name: str, shape: torch.Size, model: ModelShape) -> tuple[int, ...]:
+    """A parameter's shape without the vocabulary padding (only the vocabulary layers have
+    any): what Hugging Face holds, and what the random init draws."""
+    if name in VOCAB_LAYERS:
+        return (model.vocab, *shape[1:])
+    return tuple(shape)
+
+
+def pad_vocab_rows(name: str, full: torch.Tensor, model: ModelShape) -> torch.Tensor:
+    """Parameter `name`'s full tensor with zero rows added up to the padded vocabulary if it
+    is a vocabulary layer; any other as it is."""
+    if name not in VOCAB_LAYERS or full.shape[0] == model.padded_vocab:
+        return full
+    padding = full.new_zeros((model.padded_vocab - model.vocab, *full.shape[1:]))
+    return torch.cat([full, padding])
 
 
 def canonical_name(name: str) -> str:

@@ -17,6 +17,7 @@ import re
 import torch
 
 from contract import ModelShape
+from worker.model import VOCAB_LAYERS, pad_vocab_rows
 
 # Per-block weights: the worker's name after "layers.<i>." -> Hugging Face's after
 # "model.layers.<i>.".
@@ -91,12 +92,20 @@ def to_hf_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def from_hf(name: str, weight: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    """Hugging Face's value of the worker's parameter `name` in the worker's layout."""
+    """Hugging Face's value of the worker's parameter `name` in the worker's layout: the
+    vocabulary layers padded with zero rows to the worker's padded vocabulary."""
     heads = _rotary_heads(name, shape)
-    return to_worker_rows(weight, heads) if heads is not None else weight
+    if heads is not None:
+        return to_worker_rows(weight, heads)
+    return pad_vocab_rows(name, weight, shape)
 
 
 def to_hf(name: str, weight: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    """The worker's parameter `name` in Hugging Face's layout (contiguous, for safetensors)."""
+    """The worker's parameter `name` in Hugging Face's layout (contiguous, for safetensors):
+    the vocabulary layers without their padded rows, as the tokenizer knows them."""
     heads = _rotary_heads(name, shape)
-    return (to_hf_rows(weight, heads) if heads is not None else weight).contiguous()
+    if heads is not None:
+        return to_hf_rows(weight, heads).contiguous()
+    if name in VOCAB_LAYERS:
+        weight = weight[: shape.vocab]
+    return weight.contiguous()

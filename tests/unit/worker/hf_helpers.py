@@ -16,7 +16,12 @@ HF_SHAPE: dict[str, Any] = {
 
 
 def save_random_llama(
-    folder: Path, *, seed: int = 0, tied: bool = False, max_shard_size: str | None = None
+    folder: Path,
+    *,
+    seed: int = 0,
+    tied: bool = False,
+    max_shard_size: str | None = None,
+    vocab_size: int = HF_SHAPE["vocab_size"],
 ) -> dict[str, torch.Tensor]:
     """Save a random LlamaForCausalLM to `folder` (safetensors, sharded when asked) and
     return its tensors as saved. Norm weights are drawn too (they start as ones), so a norm
@@ -25,7 +30,7 @@ def save_random_llama(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**HF_SHAPE, tie_word_embeddings=tied)
+    config = LlamaConfig(**(HF_SHAPE | {"vocab_size": vocab_size}), tie_word_embeddings=tied)
     model = LlamaForCausalLM(config).float()
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -26,8 +26,31 @@ def test_logits_shape(model: Transformer) -> None:
 
 def test_parameter_count_matches_the_shape(model: Transformer) -> None:
     assert sum(p.numel() for p in model.parameters()) == SHAPE.num_params
-    bigger = ModelShape(layers=3, hidden=96, heads=6, kv_heads=3, ffn=200, vocab=300)
+    bigger = ModelShape(layers=3, hidden=96, heads=6, kv_heads=3, ffn=200, vocab=304)
     assert sum(p.numel() for p in Transformer(bigger).parameters()) == bigger.num_params
+
+
+def test_a_vocabulary_no_tp_divides_is_padded_out_of_sight() -> None:
+    """Vocabulary 300 (tp 8 does not divide it): both vocabulary layers hold 1,024 rows
+    (Megatron's padding), the logits have 300 columns, and the real rows are drawn as an
+    unpadded model's would be; the padded ones start at zero."""
+    shape = ModelShape(layers=3, hidden=96, heads=6, kv_heads=3, ffn=200, vocab=300)
+    model = build_model(shape, seed=0, device=torch.device("cpu"), max_seq_len=64)
+    padding = shape.padded_vocab - shape.vocab
+    assert shape.padded_vocab == 1024
+    assert sum(p.numel() for p in model.parameters()) == shape.num_params + 2 * padding * 96
+    assert model(torch.randint(0, 300, (2, 9))).shape == (2, 9, 300)
+    divisible = build_model(
+        shape.model_copy(update={"vocab": 304}), seed=0, device=torch.device("cpu"), max_seq_len=64
+    )
+    for name in ("tok_embeddings", "output"):
+        padded = getattr(model, name).weight
+        assert padded.shape[0] == 1024
+        assert padded[300:].abs().sum() == 0
+        # Vocabulary 304 is kept as it is (tp 8 divides it). Its first 300 rows are what a
+        # 300-row draw gives (torch's CPU normal_ fills in order), so equal real rows say
+        # that the padded model drew its real rows alone, not a 1,024-row tensor.
+        assert torch.equal(padded[:300], getattr(divisible, name).weight[:300])
 
 
 def test_future_tokens_do_not_change_past_logits(model: Transformer) -> None:
