@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from service import integrations
 from service.admin.endpoints import router as admin_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
@@ -25,6 +26,7 @@ from service.errors import (
 )
 from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
+from service.notifications.endpoints import router as notifications_router
 from service.observability.http import install_observability
 from service.observability.logging import configure_logging
 from service.plans.endpoints import router as plans_router
@@ -33,6 +35,7 @@ from service.runs.endpoints import router as runs_router
 from service.runs.logs import router as run_logs_router
 from service.slurm.commands import SlurmError
 from service.sweeps.endpoints import router as sweeps_router
+from service.tracking.endpoints import router as tracking_router
 from service.workers.endpoints import router as worker_router
 
 # Python's cyclic garbage collector pauses the whole process while it walks the heap. With
@@ -58,12 +61,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # submitit calls sbatch with our environment; this is how it finds the cluster.
         os.environ["SLURM_CONF"] = str(settings.slurm_conf)
     stop = threading.Event()
-    thread = None
+    thread, background = None, []
     if settings.run_reconciler:
         thread = threading.Thread(
             target=run_forever, args=(settings, stop), name="reconciler", daemon=True
         )
         thread.start()
+        # Webhooks and experiment trackers: threads of their own beside the reconciler.
+        background = integrations.start(settings, stop)
     # Revocations made through other service processes reach this one's principal cache.
     revocations = asyncio.create_task(watch_revocations(), name="revocations")
     tune_garbage_collector()  # last: what startup built is frozen
@@ -72,6 +77,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     stop.set()
     if thread is not None:
         thread.join(timeout=10)
+    for worker in background:
+        worker.join(timeout=10)
 
 
 def create_app() -> FastAPI:
@@ -113,6 +120,8 @@ def create_app() -> FastAPI:
     app.include_router(worker_router)
     app.include_router(admin_router)
     app.include_router(plans_router)
+    app.include_router(notifications_router)
+    app.include_router(tracking_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -172,6 +172,70 @@ class Settings(BaseSettings):
         "sharing one cluster never adopt each other's jobs.",
     )
 
+    # Experiment trackers (service/tracking/): where a run's `tracking:` section is exported.
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="The site's MLflow tracking server (http://host:5000); None: runs may not "
+        "ask for mlflow. `runyard dev up --with mlflow` starts one on Postgres.",
+    )
+    mlflow_request_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="One MLflow request's timeout; a server that does not answer in time is "
+        "retried later (the export waits, training never does).",
+    )
+    wandb_mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="offline: W&B runs are written under wandb_dir, for `wandb sync` (no "
+        "network from the service); online: sent to W&B (needs WANDB_API_KEY).",
+    )
+    wandb_dir: Path | None = Field(
+        default=None,
+        description="Where W&B run folders are written (default state_dir/wandb; on the shared "
+        "filesystem, so teams can `wandb sync` them).",
+    )
+    wandb_entity: str | None = Field(
+        default=None, description="The W&B entity runs log to when their spec names none."
+    )
+    tensorboard_root: Path | None = Field(
+        default=None,
+        description="Root of TensorBoard log folders, <root>/<team>/<run id>-<name> (default "
+        "state_dir/tensorboard; point TensorBoard at it).",
+    )
+    tracking_export_interval_s: float = Field(
+        default=2.0, gt=0, description="How often the exporters look for new steps and events."
+    )
+    tracking_retry_max_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest wait between tries of a tracker that fails (doubling from "
+        "tracking_export_interval_s).",
+    )
+    # Notifications (service/notifications/): webhooks delivered from a Postgres outbox.
+    notify_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the outbox is read for deliveries due."
+    )
+    notify_timeout_s: float = Field(default=10.0, gt=0, description="One webhook POST's timeout.")
+    notify_retry_base_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="First wait before a failed delivery is tried again; doubles per try.",
+    )
+    notify_retry_max_s: float = Field(
+        default=300.0, gt=0, description="Longest wait between two tries of one delivery."
+    )
+    notify_give_up_after_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="A delivery not answered 2xx this long after its event is GAVE_UP.",
+    )
+    goodput_low_after_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="goodput.low is judged only after a run held its nodes this long "
+        "(start-up counts as lost time), as the RunyardGoodputLow alert does.",
+    )
+
     @property
     def slurm_job_prefix(self) -> str:
         if self.job_prefix:

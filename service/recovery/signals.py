@@ -22,6 +22,7 @@ from service.models import (
 )
 from service.models.base import utcnow
 from service.nodes.repository import insert_node_events
+from service.notifications import outbox
 from service.observability import metrics
 from service.recovery.classification import Classifier, Rule, signal_name
 
@@ -60,6 +61,7 @@ def open_incident(
     )
     session.add(incident)
     session.flush()
+    outbox.on_incident_opened(session, incident)  # the touched runs' teams are told
     metrics.count_incident(signal, action.value)
     metrics.observe_incident(incident, "detect")
     return incident

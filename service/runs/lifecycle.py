@@ -17,6 +17,7 @@ from service.models import (
     RunState,
 )
 from service.models.base import utcnow
+from service.notifications import outbox
 from service.observability.metrics import count_run_event
 
 RUN_TRANSITIONS: dict[RunState, set[RunState]] = {
@@ -76,6 +77,8 @@ def record_event(
         )
     )
     count_run_event(kind)
+    # Subscribers hear of it from the outbox row written in this same transaction.
+    outbox.on_run_event(session, run, kind, message, attempt.id if attempt else None, data or {})
 
 
 def set_run_state(

@@ -21,6 +21,7 @@ from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput import Goodput
+from service.tracking.spec import TrackingSpec
 
 
 class _Spec(BaseModel):
@@ -156,6 +157,11 @@ class RunSpec(_Spec):
         "parameters (silent data corruption; layouts with zero_stage 0 and dp > 1, the only "
         "ones with equal copies); a mismatch drains the odd node and rolls the run back to "
         "before the last clean comparison. None: never.",
+    )
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="Experiment trackers the service exports the run to (MLflow, W&B, "
+        "TensorBoard): parameters, every step once across restarts, events, the end.",
     )
     entrypoint: Entrypoint | None = Field(
         default=None,

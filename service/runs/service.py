@@ -32,6 +32,7 @@ from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, HfModelSpec, RunDecision, RunOut, RunSpec
+from service.tracking.spec import unavailable as trackers_unavailable
 
 
 def model_shape(spec: RunSpec) -> ModelShape:
@@ -157,6 +158,8 @@ def decide(
     shape, resolved = resolve(spec, settings)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
+    if (problem := trackers_unavailable(spec.tracking, settings)) is not None:
+        raise InvalidSpec(problem)
     return shape, resolved
 
 
