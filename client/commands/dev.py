@@ -55,7 +55,9 @@ def _cluster(
 @app.command()
 def up(
     nodes: int = typer.Option(8, help="Number of slurmd nodes (gpu001...)."),
-    leaf_size: int = typer.Option(4, help="Nodes per leaf switch."),
+    leaf_size: int | None = typer.Option(
+        None, help="Nodes per leaf switch or block (4; 2 on topology/block)."
+    ),
     port: int | None = typer.Option(
         None, help="Service port on 127.0.0.1 (8000; 9000 with --slurm)."
     ),

@@ -300,14 +300,17 @@ def _nodes_ready(cluster: DevCluster, names: list[str]) -> bool:
 
 def up(
     num_nodes: int = 8,
-    leaf_size: int = 4,
+    leaf_size: int | None = None,
     cluster: DevCluster | None = None,
     with_service: bool = True,
     say: Progress = print,
 ) -> DevCluster:
-    """Bring every part up; parts already running are left as they are."""
+    """Bring every part up; parts already running are left as they are. The default leaf
+    size is 4 (two leaf switches), 2 on topology/block: four blocks, so a run of two blocks
+    leaves blocks with room for its replacement."""
     cluster = cluster or DevCluster(default_state_dir())
-    shape = ClusterShape(num_nodes=num_nodes, leaf_size=leaf_size)
+    default_leaf = 2 if topology_of(cluster) == "block" else 4
+    shape = ClusterShape(num_nodes=num_nodes, leaf_size=leaf_size or default_leaf)
     ensure_slurm_installed(say, cluster.slurm_prefix)
     table = cluster.table.load()
     saved = _saved_shape(cluster)

@@ -9,6 +9,8 @@ from service.slurm.client import SlurmClient
 from service.slurm.commands import SlurmNode
 
 BAD_FLAGS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "POWER", "INVAL", "UNKNOWN", "FUTURE")
+# Idle but not free: BLOCKED (Slurm 24.05+) is a node another job's --exclusive=topo holds.
+HELD_FLAGS = ("BLOCKED",)
 
 
 def is_down(state: str) -> bool:
@@ -29,7 +31,9 @@ class ClusterSnapshot:
         node = self.nodes.get(name)
         if node is None or name in self.reserved():
             return False
-        return node.state.split("+")[0] == "IDLE" and not any(f in node.state for f in BAD_FLAGS)
+        return node.state.split("+")[0] == "IDLE" and not any(
+            f in node.state for f in (*BAD_FLAGS, *HELD_FLAGS)
+        )
 
     def free_nodes(self) -> set[str]:
         """Every free node (see is_free), in one pass: a caller that asks of many nodes
@@ -41,7 +45,7 @@ class ClusterSnapshot:
             for name, node in self.nodes.items()
             if name not in reserved
             and node.state.split("+")[0] == "IDLE"
-            and not any(f in node.state for f in BAD_FLAGS)
+            and not any(f in node.state for f in (*BAD_FLAGS, *HELD_FLAGS))
         }
 
     def is_usable(self, name: str) -> bool:

@@ -70,3 +70,18 @@ def test_placement_on_blocks_takes_whole_replicas_from_each_block() -> None:
     assert choose_nodes(free, 8, group_nodes=2) is None
     # The same nodes one at a time (a tree's leaves): 3 + 3 from the two largest.
     assert choose_nodes(free, 6) == ["gpu001", "gpu002", "gpu003", "gpu005", "gpu006", "gpu007"]
+
+
+def test_a_blocked_node_is_idle_but_not_free() -> None:
+    """BLOCKED (Slurm 24.05+): an idle node another job's --exclusive=topo block holds;
+    placing a run there would leave it pending."""
+    from service.slurm.commands import SlurmNode
+    from service.slurm.snapshot import ClusterSnapshot
+
+    nodes = {
+        "gpu001": SlurmNode("gpu001", "IDLE+BLOCKED", "", "127.0.0.1", 8),
+        "gpu002": SlurmNode("gpu002", "IDLE", "", "127.0.0.1", 8),
+    }
+    snapshot = ClusterSnapshot(nodes, {})
+    assert snapshot.free_nodes() == {"gpu002"}
+    assert not snapshot.is_free("gpu001") and snapshot.is_usable("gpu001")
