@@ -230,7 +230,9 @@ def topology_of(cluster: DevCluster) -> str:
     (Debian 12's 22.05)."""
     if cluster.slurm_prefix is None:
         return "tree"
-    out = _run(["scontrol", "--version"], cluster.slurm_env()).stdout
+    # slurmctld -V, not scontrol: 24.11's client commands want a slurm.conf even for
+    # --version, and this runs before the configs are written.
+    out = _run([str(cluster.slurm_prefix / "sbin" / "slurmctld"), "-V"]).stdout
     version = SlurmVersion.parse(out)
     has_block = version is not None and SlurmFeature.TOPOLOGY_BLOCK in features_of(version)
     return "block" if has_block else "tree"

@@ -209,6 +209,9 @@ def submit_group_attempts(
                             num_nodes=len(attempt.nodes),
                             nodelist=",".join(attempt.nodes),
                             nice=NICE_BY_PRIORITY.get(run.priority, 0),
+                            # A group's job runs on its own nodes of the run's reservation,
+                            # so it names them (no --segment, which would drop the list).
+                            segment=None,
                         )
                     )
     submit_attempts(

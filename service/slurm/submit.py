@@ -128,8 +128,13 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
     if req.reservation:
         # The run's own reservation keeps its nodes between attempts (see reservations.py).
         extra["reservation"] = req.reservation
-    if isinstance(req, AttemptRequest) and req.segment:
+    if isinstance(req, AttemptRequest) and req.segment and req.reservation:
+        # topology/block: Slurm 24.11 refuses --segment beside a node list ("requires nodes
+        # with segment are not supported"), and a node list alone must sit in one aligned
+        # block. The run's reservation holds exactly its nodes, so the job asks for them
+        # through it and keeps each model replica in a block with --segment.
         extra["segment"] = req.segment
+        params.pop("nodelist", None)
     params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
     params["setup"] = [req.token_setup]

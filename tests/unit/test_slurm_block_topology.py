@@ -3,6 +3,7 @@ asks for, and placement that keeps each model replica inside one block."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,38 @@ def test_a_blocked_node_is_idle_but_not_free() -> None:
     snapshot = ClusterSnapshot(nodes, {})
     assert snapshot.free_nodes() == {"gpu002"}
     assert not snapshot.is_free("gpu001") and snapshot.is_usable("gpu001")
+
+
+def test_on_blocks_an_attempt_asks_for_segments_through_its_reservation(
+    tmp_path: Path,
+) -> None:
+    """Slurm 24.11 refuses --segment beside a node list, and a node list alone must sit in
+    one aligned block (both seen on the 24.11 dev cluster): the attempt names its
+    reservation, which holds exactly its nodes, and asks --segment instead."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from service.config import get_settings
+    from service.slurm.submit import AttemptRequest, SubmitSettings, sbatch_parameters
+
+    req = AttemptRequest(
+        run_id=1,
+        attempt_id=2,
+        job_name="runyard-x-r1-a2",
+        job_folder=tmp_path,
+        num_nodes=4,
+        ranks_per_node=1,
+        time_limit_min=30,
+        nodelist="gpu003,gpu004,gpu005,gpu006",
+        reservation="runyard-x-run1",
+        segment=2,
+    )
+    settings = SubmitSettings.of(get_settings())
+    script = _make_sbatch_string(
+        command="true", folder=tmp_path, **sbatch_parameters(req, settings)
+    )
+    assert "#SBATCH --segment=2" in script and "#SBATCH --reservation=runyard-x-run1" in script
+    assert "--nodelist" not in script
+    tree = _make_sbatch_string(
+        command="true", folder=tmp_path, **sbatch_parameters(replace(req, segment=None), settings)
+    )
+    assert "#SBATCH --nodelist=gpu003,gpu004,gpu005,gpu006" in tree and "--segment" not in tree
