@@ -32,6 +32,7 @@ BUILD_DEPS=(libmunge-dev libjson-c-dev libmariadb-dev)
 CONFIGURE_FLAGS=(
   "--prefix=$PREFIX"
   "--sysconfdir=$PREFIX/etc"
+  --disable-static # libtool would compile every library source twice (PIC and not)
   --enable-multiple-slurmd # several `slurmd -N gpuNNN` on one host, as the 22.05 dev cluster
   --with-munge
   --with-json
