@@ -66,11 +66,13 @@ class Evaluator:
             for first in range(0, len(micro), accum):
                 chunk = micro[first : first + accum]
                 inputs, targets = (torch.cat([mb[i] for mb in chunk]) for i in (0, 1))
+                share_losses: list[torch.Tensor] = []  # the schedule clears the list it fills
                 with model.autocast():
                     if model.has_first_stage:
-                        model.schedule.eval(inputs, target=targets, losses=losses)
+                        model.schedule.eval(inputs, target=targets, losses=share_losses)
                     else:
-                        model.schedule.eval(target=targets, losses=losses)
+                        model.schedule.eval(target=targets, losses=share_losses)
+                losses += share_losses
             if not losses:
                 return torch.zeros((), device=self.device), 0
             return torch.stack(losses).sum() * accum, len(losses)

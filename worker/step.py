@@ -102,11 +102,13 @@ def forward_backward(
         for first in range(0, len(micro), accum):
             chunk = micro[first : first + accum]
             inputs, targets = (torch.cat([mb[i] for mb in chunk]) for i in (0, 1))
+            share_losses: list[torch.Tensor] = []  # the schedule clears the list it fills
             with model.autocast():
                 if model.has_first_stage:
-                    model.schedule.step(inputs, target=targets, losses=losses)
+                    model.schedule.step(inputs, target=targets, losses=share_losses)
                 else:
-                    model.schedule.step(target=targets, losses=losses)
+                    model.schedule.step(target=targets, losses=share_losses)
+            losses += share_losses
         total = torch.stack(losses).sum() * accum if losses else torch.zeros((), device=device)
         return total.detach(), len(losses)
     total = torch.zeros((), device=device)
@@ -193,6 +195,8 @@ class WindowReport:
     elapsed_s: float  # wall time from the previous report's end to this one's read-back
     # Every rank's mean update time over the window, by rank (worker/stragglers.py).
     rank_update_s: list[float] = field(default_factory=list)
+    # Steps between checkpoints from now on, as the service last told rank 0 (0: no word).
+    checkpoint_every: int = 0
 
     @property
     def step_time_s(self) -> float:
@@ -234,7 +238,11 @@ class ReportWindow:
         self._grad_norms.append(grad_norm.detach().float())
 
     def close(
-        self, stop_requested: bool, steps_to_next_report: int, update_s: float = 0.0
+        self,
+        stop_requested: bool,
+        steps_to_next_report: int,
+        update_s: float = 0.0,
+        checkpoint_every: int = 0,
     ) -> WindowReport:
         """Every rank, on the same step: reduce the window over the ranks and read it back.
 
@@ -244,7 +252,8 @@ class ReportWindow:
         others pass 0), so that all ranks agree on when the next report comes. It also
         carries `update_s`, this rank's mean update time, in this rank's own slot of a
         world-sized vector: the sum is every rank's figure (8 bytes a rank, no collective
-        of its own).
+        of its own). `checkpoint_every` is rank 0's word from the service (the others pass
+        0), so that every rank checkpoints on the same steps.
         """
         n = len(self._steps)
         if n == 0:
@@ -256,6 +265,7 @@ class ReportWindow:
             *map(float, self._num_losses),
             float(stop_requested),
             float(steps_to_next_report),
+            float(checkpoint_every),
             *slots,
         ]
         # sync: a copy of host values to the device; the report waits for the GPU anyway.
@@ -266,9 +276,9 @@ class ReportWindow:
         values = torch.cat([summed, torch.stack(self._grad_norms)]).tolist()
         elapsed_s = time.perf_counter() - self.started
         loss_sums, counts = values[:n], values[n : 2 * n]
-        stop, steps_to_next = values[2 * n], values[2 * n + 1]
-        rank_update_s = values[2 * n + 2 : 2 * n + 2 + world]
-        grad_norms = values[2 * n + 2 + world :]
+        stop, steps_to_next, every = values[2 * n], values[2 * n + 1], values[2 * n + 2]
+        rank_update_s = values[2 * n + 3 : 2 * n + 3 + world]
+        grad_norms = values[2 * n + 3 + world :]
         figures = [
             StepFigures(step, loss_sum / count, grad_norm, lr)
             for step, loss_sum, count, grad_norm, lr in zip(
@@ -276,5 +286,5 @@ class ReportWindow:
             )
         ]
         return WindowReport(
-            figures, stop > 0, max(1, round(steps_to_next)), elapsed_s, rank_update_s
+            figures, stop > 0, max(1, round(steps_to_next)), elapsed_s, rank_update_s, round(every)
         )
