@@ -4,10 +4,10 @@ this release (contract/slurm_features.py) is the faster one.
 
     SLURM_CONF=... PATH=<prefix>/bin:$PATH .venv/bin/python bench/slurm_output_forms.py
 
-Each query is the command plus its parse (service/slurm: commands.py for text, json_output.py
-for JSON), timed end to end as the reconciler pays it. The held jobs are cancelled at the
-end. Target: the form used is the faster, or within 10% of it (a JSON form within 10% is
-taken for its structure: reasons with spaces, flag lists, no column widths).
+Each query is the command plus its parse (service/slurm: commands.py and accounting.py for
+text, queries.py's *_json for JSON), timed end to end as the reconciler pays it. The held
+jobs are cancelled at the end. Target: the form used is the faster, or within 10% of it (a
+JSON form that close would be worth its structure: flag lists, no parsing of key=value).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from contract.slurm_features import SlurmFeature, SlurmVersion
-from service.slurm import accounting, commands, json_output, version
+from contract.slurm_features import SlurmFeature
+from service.slurm import accounting, commands, queries, version
 from service.slurm.commands import run_slurm, slurm_env
 
 TOLERANCE = 0.10
@@ -47,38 +47,30 @@ def main() -> None:
         held.append(out.strip().split(";")[0])
     try:
         ids = held[:50]
-        forms: dict[str, tuple[Callable[[], object], Callable[[], object] | None, SlurmFeature]] = {
+        forms: dict[str, tuple[Callable[[], object], Callable[[], object], SlurmFeature]] = {
             "squeue -j (50 ids)": (
                 lambda: commands.squeue(ids),
-                lambda: json_output.parse_jobs(
-                    run_slurm(["squeue", "--json", "-r", "-j", ",".join(ids)]), ids, "squeue"
-                ),
+                lambda: queries.squeue_json(ids),
                 SlurmFeature.SQUEUE_JSON,
             ),
             "scontrol show job (all)": (
                 lambda: commands.show_jobs(ids),
-                lambda: json_output.parse_jobs(
-                    run_slurm(["scontrol", "--json", "show", "job"]), ids, "scontrol"
-                ),
+                lambda: queries.show_jobs_json(ids),
                 SlurmFeature.SCONTROL_JSON,
             ),
             "scontrol show node": (
                 commands.show_nodes,
-                lambda: json_output.parse_nodes(run_slurm(["scontrol", "--json", "show", "node"])),
+                queries.show_nodes_json,
                 SlurmFeature.SCONTROL_JSON,
             ),
             "scontrol show reservation": (
                 commands.show_reservations,
-                lambda: json_output.parse_reservations(
-                    run_slurm(["scontrol", "--json", "show", "reservation"], check=False)
-                ),
+                queries.show_reservations_json,
                 SlurmFeature.SCONTROL_JSON,
             ),
             "sacct -j (50 ids)": (
                 lambda: accounting.ended_jobs(ids),
-                lambda: json_output.parse_sacct(
-                    accounting.run_sacct(["sacct", "--json", "-X", "-j", ",".join(ids)]), ids
-                ),
+                lambda: queries.ended_jobs_json(ids),
                 SlurmFeature.SACCT_JSON,
             ),
         }
@@ -87,8 +79,8 @@ def main() -> None:
         print(f"Slurm {release.version}, {args.jobs} held jobs, median of {args.repeats}")
         for name, (text_form, json_form, feature) in forms.items():
             text_ms = timed(text_form, args.repeats)
-            has_json = release.version >= SlurmVersion(24, 5, 1)  # data_parser JSON
-            json_ms = timed(json_form, args.repeats) if json_form and has_json else None
+            has_json = feature in release.available
+            json_ms = timed(json_form, args.repeats) if has_json else None
             used = "json" if release.has(feature) else "text"
             used_ms = json_ms if used == "json" and json_ms is not None else text_ms
             best = min(t for t in (text_ms, json_ms) if t is not None)

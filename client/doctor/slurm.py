@@ -10,7 +10,13 @@ import re
 import subprocess
 
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
-from contract.slurm_features import TESTED_RELEASES, SlurmFeature, SlurmVersion, features_of
+from contract.slurm_features import (
+    TESTED_RELEASES,
+    SlurmFeature,
+    SlurmVersion,
+    available_in,
+    features_of,
+)
 
 # The oldest Slurm runyard is tested on: Debian 12's slurm-wlm (the dev cluster's).
 MIN_VERSION = (22, 5)
@@ -61,15 +67,22 @@ def controller(settings: SiteSettings) -> Check:
 
 def features_text(release: SlurmVersion) -> str:
     """What runyard uses on this release, in a line (contract/slurm_features.py)."""
-    features = features_of(release)
-    json = [f.value for f in JSON_QUERIES if f in features]
-    text = [f.value.split()[0] for f in JSON_QUERIES if f not in features]
+    used, has = features_of(release), available_in(release)
+    json = [f.value for f in JSON_QUERIES if f in used]
+    text = [f.value.split()[0] for f in JSON_QUERIES if f not in used]
     parts = [f"JSON from {', '.join(json)}"] if json else []
-    parts += [f"text from {', '.join(text)}"] if text else []
-    if SlurmFeature.SEGMENT in features:
+    if text:
+        slower = any(f in has for f in JSON_QUERIES)
+        parts.append(
+            f"text from {', '.join(text)}"
+            + (" (their --json measured slower, not taken)" if slower else "")
+        )
+    if SlurmFeature.SEGMENT in used:
         parts.append("topology/tree or topology/block (replicas kept in blocks, --segment)")
     else:
         parts.append("topology/tree (topology/block and --segment need 24.05)")
+    if SlurmFeature.NODE_STATE_BLOCKED in used:
+        parts.append("BLOCKED nodes not free")
     return "; ".join(parts)
 
 

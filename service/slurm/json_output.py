@@ -91,13 +91,29 @@ def exit_code(value: Any) -> int | None:
     return code
 
 
+def array_tasks(text: str) -> list[int]:
+    """An array's pending task ids as Slurm prints them, "1-2", "0,4-8:2" or "1-9%2" (the
+    part after % is the running limit), expanded."""
+    tasks: list[int] = []
+    for part in text.split("%")[0].split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            tasks += range(int(first), int(last or first) + 1, int(step) if step.isdigit() else 1)
+    return tasks
+
+
 def job_ids_of(job: dict[str, Any]) -> list[str]:
     """The ids a job record answers to: its own, and `<array>_<task>` for an array task
-    (squeue's %i prints the second)."""
+    (squeue's %i prints the second). An array's pending tasks share one record (24.11's
+    squeue --json ignores -r), which answers for each of them, as squeue -r's lines do."""
     own = str(job.get("job_id", ""))
     array_id, task = number(job.get("array_job_id")), number(job.get("array_task_id"))
     if array_id and task is not None:
         return [f"{array_id}_{task}", own]
+    pending = str(job.get("array_task_string") or "")
+    if array_id and pending:
+        return [f"{array_id}_{t}" for t in array_tasks(pending)] + [own]
     return [own]
 
 

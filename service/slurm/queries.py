@@ -1,8 +1,10 @@
-"""The reconciler's read queries, in the form the Slurm at hand reads best: JSON where its
-`--json` is complete (24.05+: it honours the filters and carries every field runyard
-reads), text elsewhere (22.05: scontrol has no --json, and squeue's ignores -j and -r and
-prints raw wait statuses). Which is which comes from contract/slurm_features.py, for the
-version read once (version.py); both forms answer with the same plain data.
+"""The reconciler's read queries, in the form runyard takes on the Slurm at hand: JSON where
+the release's `--json` is complete (24.05.1+: it honours the filters and carries every field
+runyard reads) and runyard takes it, text elsewhere (22.05: scontrol has no --json, and
+squeue's ignores -j and -r and prints raw wait statuses). Which is which comes from
+contract/slurm_features.py for the version read once (version.py): today text everywhere,
+since 24.11's JSON forms measured 1.4x to 10x slower (NOT_TAKEN there). Both forms answer
+with the same plain data, and both are tested on each release's real output.
 
 The text forms live in commands.py (and accounting.py for sacct), the JSON readers in
 json_output.py; this module only chooses.
@@ -28,39 +30,47 @@ def _json(feature: SlurmFeature) -> bool:
 
 def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     """Live jobs among `job_ids`, in one call; SlurmError when slurmctld does not answer."""
-    if not job_ids or not _json(SlurmFeature.SQUEUE_JSON):
-        return commands.squeue(job_ids)
+    take = job_ids and _json(SlurmFeature.SQUEUE_JSON)
+    return squeue_json(job_ids) if take else commands.squeue(job_ids)
+
+
+def squeue_json(job_ids: list[str]) -> dict[str, JobStatus]:
     out = query_jobs(["squeue", "--json", "-r", "-j", ",".join(job_ids)])
     return json_output.parse_jobs(out, job_ids, "squeue --json") if out.strip() else {}
 
 
 def jobs_by_name(prefix: str) -> dict[str, str]:
     """Name -> id of every job slurmctld knows whose name starts with `prefix`."""
-    if not _json(SlurmFeature.SQUEUE_JSON):
-        return commands.jobs_by_name(prefix)
-    out = run_slurm(["squeue", "--json", "-t", "all"])
-    return {
-        name: job_id
-        for name, job_id, _ in json_output.parse_job_names(out)
-        if name.startswith(prefix)
-    }
+    if _json(SlurmFeature.SQUEUE_JSON):
+        return jobs_by_name_json(prefix)
+    return commands.jobs_by_name(prefix)
+
+
+def jobs_by_name_json(prefix: str) -> dict[str, str]:
+    rows = json_output.parse_job_names(run_slurm(["squeue", "--json", "-t", "all"]))
+    return {name: job_id for name, job_id, _ in rows if name.startswith(prefix)}
 
 
 def array_job_by_name(name: str) -> str | None:
     """The id of the job array named `name` slurmctld knows, or None."""
-    if not _json(SlurmFeature.SQUEUE_JSON):
-        return commands.array_job_by_name(name)
+    if _json(SlurmFeature.SQUEUE_JSON):
+        return array_job_by_name_json(name)
+    return commands.array_job_by_name(name)
+
+
+def array_job_by_name_json(name: str) -> str | None:
     out = run_slurm(["squeue", "--json", "-r", "-t", "all", "-n", name])
-    ids = {
-        array_id for job_name, _, array_id in json_output.parse_job_names(out) if job_name == name
-    }
+    ids = {array_id for job, _, array_id in json_output.parse_job_names(out) if job == name}
     return min(ids, key=int) if ids else None
 
 
 def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     """The jobs among `job_ids` slurmctld still remembers (live or ended), in one call."""
-    if not job_ids or not _json(SlurmFeature.SCONTROL_JSON):
-        return commands.show_jobs(job_ids)
+    take = job_ids and _json(SlurmFeature.SCONTROL_JSON)
+    return show_jobs_json(job_ids) if take else commands.show_jobs(job_ids)
+
+
+def show_jobs_json(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     argv = ["scontrol", "--json", "show", "job"]
     if len(job_ids) == 1:
         argv.append(job_ids[0])
@@ -69,22 +79,31 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
 
 
 def show_nodes() -> list[SlurmNode]:
-    if not _json(SlurmFeature.SCONTROL_JSON):
-        return commands.show_nodes()
+    return show_nodes_json() if _json(SlurmFeature.SCONTROL_JSON) else commands.show_nodes()
+
+
+def show_nodes_json() -> list[SlurmNode]:
     return json_output.parse_nodes(run_slurm(["scontrol", "--json", "show", "node"]))
 
 
 def show_reservations() -> dict[str, list[str]]:
     """Reservation name -> its nodes (expanded)."""
-    if not _json(SlurmFeature.SCONTROL_JSON):
-        return commands.show_reservations()
+    if _json(SlurmFeature.SCONTROL_JSON):
+        return show_reservations_json()
+    return commands.show_reservations()
+
+
+def show_reservations_json() -> dict[str, list[str]]:
     out = run_slurm(["scontrol", "--json", "show", "reservation"], check=False)
     return json_output.parse_reservations(out) if out.strip() else {}
 
 
 def ended_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     """How the jobs among `job_ids` ended, from accounting; {} where there is none."""
-    if not job_ids or not _json(SlurmFeature.SACCT_JSON):
-        return accounting.ended_jobs(job_ids)
+    take = job_ids and _json(SlurmFeature.SACCT_JSON)
+    return ended_jobs_json(job_ids) if take else accounting.ended_jobs(job_ids)
+
+
+def ended_jobs_json(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     out = accounting.run_sacct(["sacct", "--json", "-X", "-j", ",".join(job_ids)])
     return json_output.parse_sacct(out, job_ids) if out.strip() else {}

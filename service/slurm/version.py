@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from contract.slurm_features import SlurmFeature, SlurmVersion, features_of
+from contract.slurm_features import SlurmFeature, SlurmVersion, available_in, features_of
 
 
 class UnknownSlurmVersion(RuntimeError):
@@ -27,11 +27,12 @@ class SlurmRelease:
     """A Slurm version and what runyard uses on it."""
 
     version: SlurmVersion
-    features: frozenset[SlurmFeature]
+    features: frozenset[SlurmFeature]  # what runyard uses on it
+    available: frozenset[SlurmFeature]  # what it has, used or not
 
     @classmethod
     def of(cls, version: SlurmVersion) -> SlurmRelease:
-        return cls(version, features_of(version))
+        return cls(version, features_of(version), available_in(version))
 
     def has(self, feature: SlurmFeature) -> bool:
         return feature in self.features

@@ -5,8 +5,9 @@ array held back by its limit, a reservation, a drained node).
 
 The adapters run as in the service, only `subprocess.run` answers from the recording: a
 command it was not recorded with fails the test (record again after changing a command).
-Where the release reads a query as JSON (contract/slurm_features.py), both its JSON and its
-text form are checked, so either reader can take over.
+Each query is checked in the form runyard takes on the release (queries.py), in its text
+form, and in its JSON form where the release has a complete one (24.05.1+, taken or not:
+contract/slurm_features.py), so either reader can take over.
 """
 
 from __future__ import annotations
@@ -84,17 +85,22 @@ def all_ids(rec: Recording) -> list[str]:
     return named + [f"{rec.jobs['array']}_{t}" for t in range(3)]
 
 
-def uses_json(feature: SlurmFeature) -> bool:
-    return queries.release().has(feature)
+def has_json(feature: SlurmFeature) -> bool:
+    """The release has a complete JSON form of this query, whether runyard takes it or not."""
+    return feature in queries.release().available
 
 
 def test_the_version_is_read_and_names_its_features(recorded: Recording) -> None:
     release = queries.release()
     assert release.version.release == recorded.release
     assert SlurmVersion.parse(recorded.text("scontrol_version.txt")) == release.version
-    # 22.05 has no JSON runyard can use; 24.11 reads every job and node query as JSON.
+    # 22.05 has no JSON runyard could use; 24.11 has it complete for every job and node
+    # query, and runyard does not take it (slower: NOT_TAKEN), nor any for 22.05.
     json_queries = {SlurmFeature.SQUEUE_JSON, SlurmFeature.SCONTROL_JSON, SlurmFeature.SACCT_JSON}
-    assert (json_queries <= release.features) == (release.version >= SlurmVersion(24, 5))
+    assert (json_queries <= release.available) == (release.version >= SlurmVersion(24, 5))
+    assert not json_queries & release.features
+    block = {SlurmFeature.TOPOLOGY_BLOCK, SlurmFeature.SEGMENT}
+    assert (block <= release.features) == (release.version >= SlurmVersion(24, 5))
 
 
 def check_live_jobs(rec: Recording, found: dict[str, commands.JobStatus]) -> None:
@@ -113,18 +119,20 @@ def check_live_jobs(rec: Recording, found: dict[str, commands.JobStatus]) -> Non
 
 def test_squeue_lists_the_live_jobs_and_each_array_task(recorded: Recording) -> None:
     check_live_jobs(recorded, queries.squeue(all_ids(recorded)))
-    if uses_json(SlurmFeature.SQUEUE_JSON):  # the text form reads the same
-        check_live_jobs(recorded, commands.squeue(all_ids(recorded)))
+    check_live_jobs(recorded, commands.squeue(all_ids(recorded)))
+    if has_json(SlurmFeature.SQUEUE_JSON):  # one record for the pending tasks, expanded
+        check_live_jobs(recorded, queries.squeue_json(all_ids(recorded)))
 
 
 def test_jobs_are_found_by_name_and_arrays_by_theirs(recorded: Recording) -> None:
     jobs = recorded.jobs
-    for forms in ((queries.jobs_by_name, queries.array_job_by_name),) + (
-        ((commands.jobs_by_name, commands.array_job_by_name),)
-        if uses_json(SlurmFeature.SQUEUE_JSON)
-        else ()
-    ):
-        by_name, array_by_name = forms
+    forms = [
+        (queries.jobs_by_name, queries.array_job_by_name),
+        (commands.jobs_by_name, commands.array_job_by_name),
+    ]
+    if has_json(SlurmFeature.SQUEUE_JSON):
+        forms.append((queries.jobs_by_name_json, queries.array_job_by_name_json))
+    for by_name, array_by_name in forms:
         named = by_name("runyard-record-")
         assert named["runyard-record-ok"] == jobs["completed"]
         assert named["runyard-record-fail"] == jobs["failed"]
@@ -150,12 +158,13 @@ def check_job_details(rec: Recording, found: dict[str, commands.JobStatus]) -> N
 
 def test_scontrol_show_job_gives_final_states_and_exit_codes(recorded: Recording) -> None:
     ids = all_ids(recorded)
-    check_job_details(recorded, queries.show_jobs(ids))
-    one = queries.show_jobs([recorded.jobs["failed"]])
-    assert one[recorded.jobs["failed"]].exit_code == 3
-    if uses_json(SlurmFeature.SCONTROL_JSON):
-        check_job_details(recorded, commands.show_jobs(ids))
-        assert commands.show_jobs([recorded.jobs["failed"]])[recorded.jobs["failed"]].exit_code == 3
+    failed = recorded.jobs["failed"]
+    forms = [queries.show_jobs, commands.show_jobs]
+    if has_json(SlurmFeature.SCONTROL_JSON):
+        forms.append(queries.show_jobs_json)
+    for show_jobs in forms:
+        check_job_details(recorded, show_jobs(ids))
+        assert show_jobs([failed])[failed].exit_code == 3  # asked by id
 
 
 def test_forgotten_jobs_are_an_answer_not_an_outage(recorded: Recording) -> None:
@@ -163,6 +172,9 @@ def test_forgotten_jobs_are_an_answer_not_an_outage(recorded: Recording) -> None
     assert queries.show_jobs(["999999"]) == {}
     assert commands.squeue(["999999"]) == {}
     assert commands.show_jobs(["999999"]) == {}
+    if has_json(SlurmFeature.SQUEUE_JSON):
+        assert queries.squeue_json(["999999"]) == {}
+        assert queries.show_jobs_json(["999999"]) == {}
 
 
 def check_nodes(rec: Recording, nodes: list[commands.SlurmNode]) -> None:
@@ -177,17 +189,20 @@ def check_nodes(rec: Recording, nodes: list[commands.SlurmNode]) -> None:
 
 def test_scontrol_show_node_gives_states_drain_reasons_and_gpus(recorded: Recording) -> None:
     check_nodes(recorded, queries.show_nodes())
-    if uses_json(SlurmFeature.SCONTROL_JSON):
-        check_nodes(recorded, commands.show_nodes())
+    check_nodes(recorded, commands.show_nodes())
+    if has_json(SlurmFeature.SCONTROL_JSON):
+        check_nodes(recorded, queries.show_nodes_json())
     one = recorded.text("scontrol_show_one_node.txt")
     assert parse_node_addr(one) == "127.0.0.1"  # what each worker asks of its node
 
 
 def test_reservations_list_their_nodes(recorded: Recording) -> None:
     reserved = recorded.manifest["nodes"][-2]
-    assert queries.show_reservations()[recorded.manifest["reservation"]] == [reserved]
-    if uses_json(SlurmFeature.SCONTROL_JSON):
-        assert commands.show_reservations()[recorded.manifest["reservation"]] == [reserved]
+    name = recorded.manifest["reservation"]
+    assert queries.show_reservations()[name] == [reserved]
+    assert commands.show_reservations()[name] == [reserved]
+    if has_json(SlurmFeature.SCONTROL_JSON):
+        assert queries.show_reservations_json()[name] == [reserved]
     duplicate = recorded.text("scontrol_create_duplicate_reservation.txt.stderr")
     assert "Duplicate reservation name" in duplicate  # create_reservation updates instead
 
@@ -202,8 +217,9 @@ def check_ended(rec: Recording, found: dict[str, commands.JobStatus]) -> None:
 def test_sacct_gives_how_forgotten_jobs_ended(recorded: Recording) -> None:
     ended = [recorded.jobs[k] for k in ("completed", "failed", "cancelled")]
     check_ended(recorded, queries.ended_jobs(ended))
-    if uses_json(SlurmFeature.SACCT_JSON):
-        check_ended(recorded, accounting.ended_jobs(ended))
+    check_ended(recorded, accounting.ended_jobs(ended))
+    if has_json(SlurmFeature.SACCT_JSON):
+        check_ended(recorded, queries.ended_jobs_json(ended))
 
 
 def test_the_topology_gives_each_node_its_group(recorded: Recording) -> None:
@@ -247,3 +263,5 @@ def test_a_job_state_in_flags_reads_as_squeue_prints_it() -> None:
     killed = {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0},
               "signal": {"id": {"set": True, "number": 9}}}  # fmt: skip
     assert json_output.exit_code(killed) == 137
+    assert json_output.array_tasks("1-2") == [1, 2]
+    assert json_output.array_tasks("0,4-8:2%1") == [0, 4, 6, 8]
