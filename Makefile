@@ -4,7 +4,7 @@ VENV ?= .venv
 RUNYARD := $(VENV)/bin/runyard
 STAMP := $(VENV)/.runyard-installed
 
-.PHONY: install up down demo test lint typecheck bench
+.PHONY: install up down demo test test-slurm-24.11 lint typecheck bench
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -29,6 +29,18 @@ demo: up
 test: up
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
 	$(VENV)/bin/pytest -ra
+
+# The whole-path tier on Slurm 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by
+# scripts/build_slurm.sh: about 27 minutes once, cached after) on a dev cluster of its own
+# (.runyard/dev-slurm-24.11, topology/block, ports 1000 above), beside or without the
+# default 22.05 one; then the block-topology test, which runs only there.
+SLURM_2411 ?= /opt/slurm-24.11
+ON_2411 := RUNYARD_DEV_SLURM=$(SLURM_2411) PATH=$(SLURM_2411)/bin:$(SLURM_2411)/sbin:$$PATH
+test-slurm-24.11: $(STAMP)
+	bash scripts/build_slurm.sh $(SLURM_2411)
+	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
+	$(ON_2411) $(VENV)/bin/pytest -ra -m whole_path
+	$(ON_2411) $(VENV)/bin/pytest -ra tests/integration/test_block_topology.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
