@@ -171,3 +171,10 @@ class RunyardClient:
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
+
+    # plans
+    def plan_calibration(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/plans/calibration")
+
+    def plan_accuracy(self, limit: int = 200) -> dict[str, Any]:
+        return self._call("GET", "/v1/plans/accuracy", params={"limit": limit})

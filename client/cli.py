@@ -19,7 +19,7 @@ app.add_typer(incident.app, name="incident")
 app.add_typer(admin.app, name="admin")
 app.add_typer(dev.app, name="dev")
 app.add_typer(data.app, name="data")
-app.command(name="plan")(plan.plan)
+app.add_typer(plan.app, name="plan")
 app.command(name="doctor")(doctor.doctor)
 
 

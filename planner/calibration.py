@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .reliability import ReliabilityAssumptions
+from .schemas import CalibrationApplied
 from .step_time import UNSCALED, StepScale
 
 MIN_RUNS = 3  # runs with a measurement before a term is corrected at all
@@ -93,21 +94,50 @@ class Calibration:
             parts.append(f"restart {self.startup_s:.0f} s from {self.num_recoveries} recoveries")
         return "calibrated: " + "; ".join(parts)
 
+    def applied_schema(self, hardware: str | None = None) -> CalibrationApplied:
+        """This calibration as plans and the API show it (`hardware`: whose history)."""
+        return CalibrationApplied(
+            applied=self.applied,
+            summary=self.describe(),
+            compute=self.scale.compute,
+            communication=self.scale.communication,
+            checkpoint=self.checkpoint,
+            restart_s=self.startup_s,
+            num_runs=self.num_runs,
+            per_term=self.per_term,
+            num_checkpoint_runs=self.num_checkpoint_runs,
+            num_recoveries=self.num_recoveries,
+            hardware=hardware,
+        )
+
+    @classmethod
+    def from_schema(cls, shown: CalibrationApplied) -> Calibration:
+        """A calibration as the API sent it (`runyard plan` applies the service's)."""
+        return cls(
+            scale=StepScale(shown.compute, shown.communication),
+            checkpoint=shown.checkpoint,
+            startup_s=shown.restart_s,
+            num_runs=shown.num_runs,
+            per_term=shown.per_term,
+            num_checkpoint_runs=shown.num_checkpoint_runs,
+            num_recoveries=shown.num_recoveries,
+        )
+
     def reliability(self, base: ReliabilityAssumptions | None) -> ReliabilityAssumptions:
         """`base` with the measured checkpoint cost and restart time in place of the
         assumed ones. The write time is fixed cost plus size over storage rate, so both
         parts take the factor."""
         a = base or ReliabilityAssumptions()
-        changes: dict[str, float] = {}
         if self.num_checkpoint_runs:
-            changes |= {
-                "checkpoint_fixed_s": a.checkpoint_fixed_s * self.checkpoint,
-                "storage_bytes_per_s": a.storage_bytes_per_s / self.checkpoint,
-                "storage_bytes_per_s_per_node": a.storage_bytes_per_s_per_node / self.checkpoint,
-            }
+            a = replace(
+                a,
+                checkpoint_fixed_s=a.checkpoint_fixed_s * self.checkpoint,
+                storage_bytes_per_s=a.storage_bytes_per_s / self.checkpoint,
+                storage_bytes_per_s_per_node=a.storage_bytes_per_s_per_node / self.checkpoint,
+            )
         if self.startup_s is not None:
-            changes["restart_s"] = self.startup_s
-        return replace(a, **changes) if changes else a
+            a = replace(a, restart_s=self.startup_s)
+        return a
 
 
 def _clamped(factor: float) -> float:

@@ -18,7 +18,6 @@ from .layout import PINNABLE, PRECISIONS, RECOMPUTE_MODES
 from .reliability import ReliabilityAssumptions, assess
 from .schemas import (
     Alternative,
-    CalibrationApplied,
     CheckpointPlan,
     MemoryGiB,
     PlannedLayout,
@@ -243,19 +242,6 @@ def _published_figures(request: Request, best: Candidate) -> tuple[float, StepTe
     return step, StepTerms(compute_s=compute, communication_s=communication)
 
 
-def _calibration_applied(calibration: Calibration) -> CalibrationApplied:
-    return CalibrationApplied(
-        applied=calibration.applied,
-        summary=calibration.describe(),
-        compute=calibration.scale.compute,
-        communication=calibration.scale.communication,
-        checkpoint=calibration.checkpoint,
-        restart_s=calibration.startup_s,
-        num_runs=calibration.num_runs,
-        per_term=calibration.per_term,
-    )
-
-
 def _result(
     request: Request,
     outcome: SearchOutcome,
@@ -334,7 +320,7 @@ def _result(
         runners_up=runners_up,
         rejected=dict(outcome.rejected),
         rejected_examples=dict(outcome.examples),
-        calibration=_calibration_applied(calibration) if calibration is not None else None,
+        calibration=calibration.applied_schema() if calibration is not None else None,
         uncalibrated_step_time_s=uncalibrated_step_s,
         step_terms_s=terms,
     )

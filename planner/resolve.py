@@ -27,6 +27,7 @@ from contract import (
 )
 
 from .advice import PlanError
+from .calibration import Calibration
 from .layout import PINNABLE
 from .plan import plan
 from .schemas import PlanResult
@@ -108,11 +109,14 @@ def resolve_layout(
     hardware: str,
     network: str,
     worker_precision: Precision,
+    calibration: Calibration | None = None,
 ) -> Resolved:
     """The fastest layout of `world_size` ranks that fits and honours every pin.
 
     `pinned` holds the spec's parallelism fields (None or absent: the planner chooses);
-    `worker_precision` is what the ranks compute in unless the spec pins a precision.
+    `worker_precision` is what the ranks compute in unless the spec pins a precision;
+    `calibration` the cluster's corrections from its own measured runs
+    (planner/calibration.py).
     """
     pins = {name: value for name, value in pinned.items() if value is not None}
     _check_pinned_degrees(pins, world_size, global_batch)
@@ -136,6 +140,7 @@ def resolve_layout(
             pinned={name: pins[name] for name in PINNABLE if name in pins},
             gpus_per_node=gpus_per_node,
             num_runners_up=0,
+            calibration=calibration,
         )
     except PlanError as exc:
         advice = f"; what would help: {', '.join(exc.advice)}" if exc.advice else ""

@@ -59,6 +59,11 @@ class CheckpointPlan(_Out):
 
     size_gib: float
     write_s: float
+    stall_s: float = Field(
+        default=0.0,
+        description="What each save costs training: its blocking time plus the slowdown of "
+        "the steps beside it, the cost Young/Daly weighs (the rest of the write overlaps).",
+    )
     interval_s: float = Field(description="Training time between checkpoints (Young/Daly).")
     interval_steps: int
     fast_interval_s: float | None = Field(
@@ -88,6 +93,9 @@ class CalibrationApplied(_Out):
     restart_s: float | None = None
     num_runs: int = Field(default=0, description="Measured runs the step factors come from.")
     per_term: bool = Field(default=False, description="Compute and communication fitted apart.")
+    num_checkpoint_runs: int = Field(default=0, description="Runs the checkpoint factor is from.")
+    num_recoveries: int = Field(default=0, description="Recoveries the restart time is from.")
+    hardware: str | None = Field(default=None, description="The GPU type of that history.")
 
 
 class Alternative(_Out):

@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
     )
     network: str = Field(default="ib", description="ib or efa, for the planner's admission.")
+    live_checkpoint_window_h: float = Field(
+        default=168.0,
+        gt=0,
+        description="The window over which the cluster's observed failures (incidents per "
+        "node-hour) set each running run's checkpoint interval (service/plans/"
+        "live_interval.py); a week holds tens of failures at 1,000 nodes.",
+    )
     classification_file: Path | None = Field(
         default=None,
         description='JSON {"xid:94": "DRAIN_AND_MOVE", ...} overriding rows of the '

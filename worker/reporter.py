@@ -133,6 +133,9 @@ class Reporter:
     """The no-op reporter: standalone runs and ranks other than 0. Subclasses send."""
 
     cancel_requested: bool = False  # the service asked this run to stop
+    # Steps between checkpoints as the service re-derives them from the cluster's failures
+    # (service/plans/live_interval.py); None: keep the config's.
+    checkpoint_every: int | None = None
 
     def metric(
         self,
@@ -389,6 +392,8 @@ class HttpReporter(Reporter):
         # Cancelled, preempted or at the end of a time-limited segment: in every case the
         # ranks finish the step, checkpoint and exit 0 (the service knows which it was).
         self.cancel_requested = run_state == "CANCELLING" or bool(body.get("stop_requested"))
+        every = body.get("checkpoint_every")
+        self.checkpoint_every = every if isinstance(every, int) and every > 0 else None
 
     def _post_with_retry(
         self, path: str, body: dict[str, Any], stop_after_s: float = CHECKPOINT_RETRY_S

@@ -263,6 +263,9 @@ def train_loop(
         print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
 
     writer = sync.writes_checkpoints()  # this group writes the run's checkpoints
+    # The service may move the interval while the run trains (the cluster's failures: its
+    # progress reply to rank 0, shared at the next report); a pinned one never moves.
+    checkpoint_every = config.checkpoint_every
     # sync (groups): the next step is agreed with the other replica groups (a replacement
     # heals here from a live one); without groups it is simply the one after.
     while (step := sync.next_step(trainer.step)) <= config.steps:
@@ -300,7 +303,7 @@ def train_loop(
         trainer.step, trainer.data_step = step, position
         trainer.consumed_tokens += tokens_per_step
 
-        checkpoint_due = step % config.checkpoint_every == 0 or step == config.steps
+        checkpoint_due = step % checkpoint_every == 0 or step == config.steps
         stop = cancel = False
         eval_due = evaluator is not None and evaluator.due(step)
         sdc_due = sdc_on and step % (config.sdc_check_every or 1) == 0
@@ -315,6 +318,7 @@ def train_loop(
                 stop_requested=cancel or time_limit_near.is_set(),
                 steps_to_next_report=steps_per_report_wish if is_rank0 else 0,
                 update_s=update_timer.take_mean_s(),
+                checkpoint_every=(reporter.checkpoint_every or 0) if is_rank0 else 0,
             )
             if evaluator is not None and eval_due:  # between windows: in no step's time
                 val_loss = evaluator.loss(model)
@@ -323,6 +327,7 @@ def train_loop(
                     reporter.validation(step, val_loss)
             window = ReportWindow(device)
             stop, next_report_step = report.stop, step + report.steps_to_next_report
+            checkpoint_every = report.checkpoint_every or checkpoint_every
             steps_per_report_wish = max(
                 1, min(MAX_STEPS_PER_REPORT, int(config.report_interval_s / report.step_time_s))
             )

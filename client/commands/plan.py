@@ -12,6 +12,8 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
+from client.commands.plan_history import accuracy as accuracy_report
+from client.commands.plan_history import cluster_calibration
 from client.output import Exit, console, fail, print_json, print_table
 from contract import ModelShape
 from planner.blocks import BlockPlan, block_plan
@@ -50,10 +52,13 @@ def model_shape(model: str | None, overrides: dict[str, Any]) -> ModelShape:
 
 
 def plan(
+    ctx: typer.Context,
     model: str | None = typer.Option(None, help=f"Preset: {', '.join(MODEL_PRESETS)}."),
-    gpus: int = typer.Option(..., help="GPUs for the run."),
-    seq: int = typer.Option(..., help="Tokens per sequence."),
-    global_batch_tokens: int = typer.Option(..., help="Tokens per optimizer step."),
+    gpus: int | None = typer.Option(None, help="GPUs for the run (required)."),
+    seq: int | None = typer.Option(None, help="Tokens per sequence (required)."),
+    global_batch_tokens: int | None = typer.Option(
+        None, help="Tokens per optimizer step (required)."
+    ),
     precision: str = typer.Option("bf16", help="bf16 or fp8."),
     hardware: str = typer.Option("h100-sxm", help="h100-sxm, h200 or a100-80gb."),
     network: str = typer.Option("ib", help="ib or efa."),
@@ -77,6 +82,12 @@ def plan(
     explain: bool = typer.Option(
         False, "--explain", help="Also print where the best layout's step time goes, and why."
     ),
+    uncalibrated: bool = typer.Option(
+        False,
+        "--uncalibrated",
+        help="Plan from the published figures alone, without the cluster's corrections "
+        "from its own measured runs (which the service is asked for otherwise).",
+    ),
     block_size: int | None = typer.Option(
         None,
         "--block-size",
@@ -85,7 +96,13 @@ def plan(
         "GPUs): also print the blocks the run spans and the --segment it asks for.",
     ),
 ) -> None:
-    """Plan a run: the fastest layout that fits, its memory, speed and failure budget."""
+    """Plan a run: the fastest layout that fits, its memory, speed and failure budget.
+
+    `runyard plan accuracy` shows how right past plans were on this cluster."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if gpus is None or seq is None or global_batch_tokens is None:
+        fail("give --gpus, --seq and --global-batch-tokens (or: runyard plan accuracy)", Exit.USAGE)
     if mlp is not None and mlp not in ("swiglu", "gelu"):
         fail(f"--mlp must be swiglu or gelu, not {mlp!r}", Exit.USAGE)
     shape = model_shape(
@@ -102,6 +119,7 @@ def plan(
         "recompute": recompute,
         "vp": vp,
     }
+    calibration, calibration_note = cluster_calibration(hardware, uncalibrated)
     try:
         result = plan_run(
             shape,
@@ -113,6 +131,7 @@ def plan(
             network,
             pinned,
             gpus_per_node,
+            calibration=calibration,
         ).model_dump()
     except PlanError as exc:
         named = exc.message if exc.message.startswith(exc.field) else str(exc)
@@ -128,6 +147,7 @@ def plan(
             ]
         return print_json(result)
     print_plan(result)
+    console.print(calibration_note, highlight=False)
     if blocks is not None:
         console.print(blocks.describe())
     if causes is not None:
@@ -260,3 +280,17 @@ def print_plan(result: dict[str, Any]) -> None:
             for reason, count in sorted(result["rejected"].items(), key=lambda kv: -kv[1])
         ],
     )
+
+
+def accuracy(
+    limit: int = typer.Option(200, min=1, max=1000, help="The newest runs to show."),
+    json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+) -> None:
+    """Predicted against measured for this cluster's runs (step time, tokens/s per GPU, MFU,
+    checkpoint stall, restart), and the step-time error per model size and layout family."""
+    accuracy_report(limit, json)
+
+
+app = typer.Typer(help="Plan a run, or see how right past plans were on this cluster.")
+app.callback(invoke_without_command=True)(plan)
+app.command(name="accuracy")(accuracy)

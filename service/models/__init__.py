@@ -12,6 +12,7 @@ from service.models.notification import (
     NotificationFormat,
     NotificationSubscription,
 )
+from service.models.plan_outcome import PlanOutcome
 from service.models.run import (
     Attempt,
     AttemptState,
@@ -46,6 +47,7 @@ __all__ = [
     "NotificationEvent",
     "NotificationFormat",
     "NotificationSubscription",
+    "PlanOutcome",
     "RecoveryAction",
     "Role",
     "Run",

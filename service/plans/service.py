@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from sqlalchemy.orm import Session
+
 from contract import ModelShape
 from planner.advice import PlanError
+from planner.calibration import Calibration
 from planner.plan import plan
 from planner.presets import MODEL_PRESETS
 from planner.schemas import PlanResult
+from service.config import Settings
 from service.errors import InvalidSpec
+from service.plans.history import cluster_calibration
 from service.plans.schemas import PlanRequest
 
 
@@ -28,7 +33,18 @@ def _refusal(exc: PlanError, field_prefix: str = "") -> InvalidSpec:
     return InvalidSpec(f"{field_prefix}{exc.field}: {exc.message}{advice}")
 
 
-def plan_request(req: PlanRequest) -> PlanResult:
+def calibration_for(
+    session: Session, settings: Settings, hardware: str, uncalibrated: bool
+) -> Calibration | None:
+    """The cluster's corrections for a plan on `hardware`: None when asked for none, or
+    when the plan is for another GPU type than this cluster's (its history says nothing
+    of that one)."""
+    if uncalibrated or hardware != settings.hardware:
+        return None
+    return cluster_calibration(session, settings)
+
+
+def plan_request(session: Session, settings: Settings, req: PlanRequest) -> PlanResult:
     try:
         return plan(
             shape_of(req.model),
@@ -40,6 +56,7 @@ def plan_request(req: PlanRequest) -> PlanResult:
             network=req.network,
             pinned=req.pinned.model_dump(exclude_none=True),
             gpus_per_node=req.gpus_per_node,
+            calibration=calibration_for(session, settings, req.hardware, req.uncalibrated),
         )
     except PlanError as exc:
         raise _refusal(exc) from exc

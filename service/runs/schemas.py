@@ -104,7 +104,18 @@ class RunSpec(_Spec):
     global_batch: int = Field(ge=1, le=1_048_576, description="Sequences per optimizer step.")
     steps: int = Field(ge=1, le=100_000_000, description="Optimizer steps for the whole run.")
     lr: float = Field(default=3e-4, gt=0, le=1.0, description="Peak learning rate.")
-    checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints.")
+    checkpoint_every: int = Field(
+        default=100,
+        ge=1,
+        description="Steps between checkpoints. Given, it is kept; left out, it is where the "
+        "run starts, and the service re-derives it while the run trains from the failures "
+        "this cluster has and the run's measured save stall (Young/Daly).",
+    )
+    uncalibrated: bool = Field(
+        default=False,
+        description="Plan from the published figures alone, without this cluster's "
+        "corrections from its own measured runs (`runyard plan accuracy`).",
+    )
     keep_checkpoints: int = Field(default=3, ge=1, le=100, description="Committed ones kept.")
     data: str = Field(
         default="builtin",

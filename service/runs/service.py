@@ -20,6 +20,7 @@ from contract import (
     replica_layout_problems,
 )
 from contract.run_config import DataSkip
+from planner.calibration import Calibration
 from planner.hardware import hardware_named
 from planner.presets import MODEL_PRESETS
 from planner.resolve import LayoutError, Resolved, resolve_layout
@@ -28,6 +29,8 @@ from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.models import Attempt, Run, RunState, Team
+from service.plans import live_interval, outcomes
+from service.plans.service import calibration_for
 from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
@@ -83,7 +86,9 @@ def worker_precision(settings: Settings) -> Precision:
     return Precision.FP32 if settings.accelerator == "cpu" else Precision.BF16
 
 
-def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
+def plan_spec(
+    spec: RunSpec, settings: Settings | None = None, calibration: Calibration | None = None
+) -> tuple[ModelShape, Resolved]:
     """The layout and plan this spec runs with: every unpinned degree from the planner's
     search, as `runyard plan` answers. Raises LayoutError naming the spec field to change;
     the API turns it into a 422 (`resolve`), the reconciler into a reason to wait."""
@@ -121,6 +126,8 @@ def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelSha
         hardware=settings.hardware,
         network=settings.network,
         worker_precision=worker_precision(settings),
+        # This cluster's corrections from its own runs (service/plans/history.py).
+        calibration=calibration,
     )
     # Only a run split into replica groups is limited to data parallel inside each group.
     problems = replica_layout_problems(resolved.layout, spec.replica_groups)
@@ -130,10 +137,12 @@ def plan_spec(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelSha
     return shape, resolved
 
 
-def resolve(spec: RunSpec, settings: Settings | None = None) -> tuple[ModelShape, Resolved]:
+def resolve(
+    spec: RunSpec, settings: Settings | None = None, calibration: Calibration | None = None
+) -> tuple[ModelShape, Resolved]:
     """`plan_spec` for the API: a spec that cannot run is a 422 naming the field to change."""
     try:
-        return plan_spec(spec, settings)
+        return plan_spec(spec, settings, calibration)
     except LayoutError as exc:
         raise InvalidSpec(str(exc)) from exc
 
@@ -155,7 +164,8 @@ def decide(
 ) -> tuple[ModelShape, Resolved]:
     """Everything the service decides about a spec before it becomes a run: the layout,
     the plan, and the team's quota. `--dry-run` stops here."""
-    shape, resolved = resolve(spec, settings)
+    calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
+    shape, resolved = resolve(spec, settings, calibration)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     if (problem := trackers_unavailable(spec.tracking, settings)) is not None:
@@ -202,6 +212,8 @@ def create_run(
             "model": shape.model_dump(mode="json"),
             "layout": resolved.layout.model_dump(mode="json"),
             "plan": stored_plan(resolved),
+            # The interval the ranks start with, and whether the service may move it.
+            live_interval.CONFIG_KEY: live_interval.initial_config(spec),
             **(
                 {"fault_tolerance": spec.fault_tolerance.model_dump(mode="json")}
                 if spec.fault_tolerance and spec.replica_groups > 1
@@ -220,6 +232,7 @@ def create_run(
     )
     session.add(run)
     session.flush()
+    outcomes.record_prediction(session, run, settings.accelerator)  # `runyard plan accuracy`
     record_event(
         session,
         run,
@@ -339,7 +352,7 @@ def worker_config(
         steps=spec.steps,
         lr=spec.lr,
         seed=spec.seed,
-        checkpoint_every=spec.checkpoint_every,
+        checkpoint_every=live_interval.current_every(run.config, spec.checkpoint_every),
         keep_checkpoints=spec.keep_checkpoints,
         checkpoint_dir=str(settings.checkpoints_dir / run_folder(run)),
         data=spec.data,

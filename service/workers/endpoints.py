@@ -9,6 +9,7 @@ from service.auth.deps import WORKER_OF_ATTEMPT
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId
+from service.plans import live_interval
 from service.runs.schemas import CheckpointOut
 from service.runs.service import worker_config
 from service.workers import service
@@ -41,6 +42,7 @@ def report_progress(attempt_id: DbId, report: ProgressReport, session: SessionDe
         attempt_state=attempt.state,
         stop_requested=attempt.stop_requested_at is not None,
         stop_reason=attempt.stop_reason if attempt.stop_requested_at else None,
+        checkpoint_every=live_interval.announced_every(run.config),
     )
 
 

@@ -64,6 +64,13 @@ class ProgressAck(BaseModel):
     stop_reason: StopReason | None = Field(
         default=None, description="Why the stop was asked: preempted or time_limit."
     )
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Steps between checkpoints from now on, as the service re-derives them "
+        "from the cluster's observed failures (service/plans/live_interval.py); None: keep "
+        "the config's (the user pinned it).",
+    )
 
 
 class CheckpointReport(_In):

@@ -22,6 +22,7 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes import stragglers
+from service.plans import live_interval, outcomes
 from service.recovery import slow_nodes, timeline
 from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
@@ -119,6 +120,10 @@ def record_progress(
             attempt.first_step = min(m.step for m in fresh)
             attempt.first_step_at = now
             timeline.first_step(session, run.id, attempt.first_step)
+        # Predicted vs measured (plans/outcomes.py); with a fresh measurement, the run's
+        # checkpoint interval from the failures the cluster has (plans/live_interval.py).
+        if outcomes.refresh_measurements(session, run):
+            live_interval.rederive(session, run, settings or get_settings())
     return run, attempt
 
 
@@ -195,6 +200,7 @@ def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Ru
         attempt,
         report.model_dump(),
     )
+    outcomes.refresh_measurements(session, run, force=True)  # with every step reported
     return run
 
 

@@ -62,7 +62,7 @@ def fake_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeService]:
             with service.lock:
                 service.received.append((self.path, body, dict(self.headers)))
             if self.path.endswith("/progress"):
-                return self._reply(200, {"run_state": service.run_state})
+                return self._reply(200, {"run_state": service.run_state, **service.progress_reply})
             return self._reply(200, {})
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

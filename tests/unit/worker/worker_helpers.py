@@ -59,6 +59,7 @@ class FakeService:
     url: str = ""
     config: dict[str, Any] | None = None
     run_state: str = "RUNNING"
+    progress_reply: dict[str, Any] = field(default_factory=dict)  # more of the progress ack
     fail_first: dict[str, int] = field(default_factory=dict)  # path suffix -> failures left
     failure_status: int = 503  # what those failures answer
     received: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
