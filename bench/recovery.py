@@ -6,10 +6,11 @@ first resumed step, and reads the incident's timestamps from the service. Betwee
 drained node is resumed so the spare pool refills.
 
     runyard dev up && .venv/bin/python bench/recovery.py [--rounds 3]
-    runyard dev up && .venv/bin/python bench/recovery.py --compare
+    runyard dev up && .venv/bin/python bench/recovery.py --compare [--layout dp|tp2pp2]
 
 --compare runs bench/recovery_compare.py instead: the classic path against the fast path
-(replica groups) on the same run and the same injected Xid 79.
+(replica groups) on the same run and the same injected Xid 79, in a data-parallel layout
+(dp: 4 groups of one node) or tp 2 x pp 2 (tp2pp2: 2 groups of two nodes of 2 GPUs).
 
 The last line is one JSON object with the figures, the target (signal in the log to first
 resumed step under 30 s for the tiny model) and "target_met".
@@ -101,13 +102,19 @@ def main() -> None:
     parser.add_argument(
         "--compare", action="store_true", help="classic path against fast path, one Xid each"
     )
+    parser.add_argument(
+        "--layout",
+        choices=("dp", "tp2pp2"),
+        default="dp",
+        help="--compare's layout: data parallel, or tp 2 x pp 2 in each replica group",
+    )
     args = parser.parse_args()
     dev = DevCluster(default_state_dir())
     client = RunyardClient(dev.service_url)
     if args.compare:
         from bench.recovery_compare import compare
 
-        result = compare(client, dev)
+        result = compare(client, dev, args.layout)
         for path in ("classic", "fast"):
             print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in result[path].items()), flush=True)
         print(f"fast/classic GPU-seconds lost: {result['fast_over_classic_gpu_s']}")

@@ -1,7 +1,10 @@
 """`bench/recovery.py --compare`: the classic path against the fast path, same run, same Xid.
 
-Both runs are the same spec on the same nodes (4 nodes of 1 GPU, the tiny model), the fast
-one as 4 replica groups of one node. Each is hit by a real-format Xid 79 in one node's
+Both runs are the same spec on the same nodes, the tiny model, in one of two layouts
+(`--layout`): `dp` (4 nodes of 1 GPU, data parallel; the fast one as 4 replica groups of one
+node) or `tp2pp2` (4 nodes of 2 GPUs, tp 2 x pp 2 x dp 2; the fast one as 2 replica groups
+of two nodes, each a complete tp 2 x pp 2 copy). Each is hit by a real-format Xid 79 in one
+node's
 kernel log half a checkpoint interval after a commit (the average failure's distance from
 its last checkpoint), read by the node's real health agent. From the run's metric rows:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,12 +37,28 @@ from client.api import RunyardClient
 from client.devcluster.cluster import DevCluster
 from client.devcluster.demo import inject_xid_79, spares_held
 
-NODES, GROUPS = 4, 4
+
+@dataclass(frozen=True)
+class BenchLayout:
+    """One layout both paths train: its nodes, ranks per node, and replica groups."""
+
+    nodes: int
+    gpus_per_node: int
+    groups: int  # the fast path's replica groups
+    parallelism: dict[str, int] | str
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+LAYOUTS = {
+    "dp": BenchLayout(nodes=4, gpus_per_node=1, groups=4, parallelism="auto"),
+    "tp2pp2": BenchLayout(nodes=4, gpus_per_node=2, groups=2, parallelism={"tp": 2, "pp": 2}),
+}
 CHECKPOINT_EVERY = 60
 SPEC: dict[str, Any] = {
     "model": "tiny",
-    "nodes": NODES,
-    "gpus_per_node": 1,
     "seq_len": 128,
     "global_batch": 8,
     "steps": 100_000,
@@ -164,10 +184,19 @@ def _metrics(client: RunyardClient, run_id: int) -> list[dict[str, Any]]:
     return rows
 
 
-def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, float]:
-    spec = {**SPEC, "name": f"bench-compare-{'fast' if fast else 'classic'}"}
+def one_path(
+    client: RunyardClient, dev: DevCluster, fast: bool, layout: BenchLayout
+) -> dict[str, float]:
+    spec = {
+        **SPEC,
+        "name": f"bench-compare-{'fast' if fast else 'classic'}",
+        "nodes": layout.nodes,
+        "gpus_per_node": layout.gpus_per_node,
+        "parallelism": layout.parallelism,
+    }
+    groups = layout.groups if fast else 1
     if fast:
-        spec["fault_tolerance"] = {"replica_groups": GROUPS}
+        spec["fault_tolerance"] = {"replica_groups": groups}
     run_id = client.submit_run(spec)["id"]
     try:
 
@@ -178,7 +207,7 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
             commits = [c["step"] for c in client.run_checkpoints(run_id) if c["state"] != "WRITING"]
             step = client.get_run(run_id)["last_step"] or 0
             return (
-                len(live()) == (GROUPS if fast else 1)
+                len(live()) == groups
                 and bool(commits)
                 and step >= max(commits) + CHECKPOINT_EVERY // 2
             )
@@ -196,15 +225,15 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
             return new[0] if new else None
 
         replacement = _wait("the replacement's first step", recovered)
-        per_group = NODES // (GROUPS if fast else 1)
+        failed_ranks = layout.ranks // groups  # the failed node's group (all, classic)
 
         def measured() -> dict[str, float] | None:
             try:  # until a step past the one reached at the Xid has been reported
                 return figures(
                     _metrics(client, run_id),
                     xid_at,
-                    ranks=NODES,
-                    failed_ranks=per_group,
+                    ranks=layout.ranks,
+                    failed_ranks=failed_ranks,
                     failed=victim["id"],
                     from_disk={
                         a["id"]
@@ -223,15 +252,16 @@ def one_path(client: RunyardClient, dev: DevCluster, fast: bool) -> dict[str, fl
     return result
 
 
-def compare(client: RunyardClient, dev: DevCluster) -> dict[str, Any]:
-    results = {}
+def compare(client: RunyardClient, dev: DevCluster, layout: str = "dp") -> dict[str, Any]:
+    results: dict[str, Any] = {}
     with spares_held(client, 1):
         for fast in (False, True):
             _wait("a spare", lambda: client.get_spares()["members"])
-            results["fast" if fast else "classic"] = one_path(client, dev, fast)
+            results["fast" if fast else "classic"] = one_path(client, dev, fast, LAYOUTS[layout])
     classic, fast = results["classic"], results["fast"]
     ratio = fast["gpu_s_lost"] / classic["gpu_s_lost"] if classic["gpu_s_lost"] else float("inf")
     return {
+        "layout": layout,
         **results,
         "fast_over_classic_gpu_s": round(ratio, 3),
         "targets": {"fast_steps_recomputed_max": 1, "fast_over_classic_gpu_s_max": 1 / 3},

@@ -5,8 +5,9 @@ own Slurm job, stepping together through torchft's quorum: the lighthouse at
 `lighthouse_addr` admits the live groups each step, so a group that loses a node drops out
 while the others go on, and its replacement heals from a live peer (docs/design.md, "Fast
 recovery"). The run's data-parallel degree spans the groups: each group trains
-`layout.dp // groups` of it, and the survivors train the missing groups' share of the
-global batch, so a step's batch is the same whoever is alive.
+`layout.dp // groups` of it, with every other degree of the layout (tp, pp, cp, ZeRO)
+inside the group, and the survivors train the missing groups' share of the global batch,
+so a step's batch is the same whoever is alive.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from ._frozen import Frozen
-from .layout import ParallelLayout
+from .layout import LayoutDegrees, ParallelLayout
 
 
 class ReplicaGroupConfig(Frozen):
@@ -49,20 +50,24 @@ class ReplicaGroupConfig(Frozen):
         return self
 
 
-def replica_layout_problems(layout: ParallelLayout, groups: int) -> list[tuple[str, str]]:
-    """(field, message) for each reason `layout` cannot be split into `groups` replica
-    groups: the groups divide data parallel, and inside a group only data parallel
-    (DDP, ZeRO, FSDP) is supported for now."""
+def replica_layout_problems(
+    layout: LayoutDegrees, groups: int, num_nodes: int | None = None
+) -> list[tuple[str, str]]:
+    """(field, message) for each reason `layout` on `num_nodes` nodes (None: not known
+    here) cannot be split into `groups` replica groups. The groups divide data parallel,
+    and each is a whole number of nodes (its own Slurm job); everything else (ZeRO/FSDP,
+    tp, pp with its virtual stages and schedule, cp) is laid out inside each group as the
+    layout says, and each rank's peers in the other groups are the ranks at its mesh
+    coordinates. The one predicate the planner, the API and the worker apply."""
     problems = []
     if layout.dp % groups:
         problems.append(
             ("dp", f"data parallel {layout.dp} is not a multiple of {groups} replica groups")
         )
-    for name in ("tp", "pp", "cp"):
-        if getattr(layout, name) != 1:
-            problems.append(
-                (name, f"{name} {getattr(layout, name)}: replica groups support dp/FSDP only")
-            )
+    if num_nodes is not None and num_nodes % groups:
+        problems.append(
+            ("nodes", f"{num_nodes} nodes do not split into {groups} groups of whole nodes")
+        )
     return problems
 
 

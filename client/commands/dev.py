@@ -72,7 +72,9 @@ def up(
         cluster.up(nodes, leaf_size, dev, say=_say)
     except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:
         fail(str(exc), Exit.ERROR)
-    console.print(f"service: {dev.service_url}   slurm: SLURM_CONF={dev.slurm_conf}")
+    # One line each: at 80 columns one line wrapped after "slurm:", which then read empty.
+    console.print(f"service: {dev.service_url}", highlight=False, soft_wrap=True)
+    console.print(f"slurm:   SLURM_CONF={dev.slurm_conf}", highlight=False, soft_wrap=True)
     hint(f"source {dev.state_dir / 'env.sh'}  (sets SLURM_CONF and RUNYARD_URL for sinfo/squeue)")
 
 
@@ -132,6 +134,11 @@ def status(
 @app.command()
 def demo(
     no_failure: bool = typer.Option(False, "--no-failure", help="Do not inject a failure."),
+    fast: bool = typer.Option(
+        True,
+        "--fast/--no-fast",
+        help="Then the same failure on the fast path: two replica groups of a tp 2 layout.",
+    ),
     timeout_s: float = typer.Option(600, help="Give up after this long."),
     data: bool = typer.Option(
         False,
@@ -140,13 +147,22 @@ def demo(
         "a run from a Hugging Face checkpoint, `runyard run export`, transformers generates.",
     ),
 ) -> None:
-    """Train on 2 nodes with a spare held; an Xid 79 hits one node mid-run; watch it recover."""
+    """Train on 2 nodes with a spare held; an Xid 79 hits one node mid-run; watch it recover,
+    then watch two replica groups recover from the same failure without stopping."""
     if data:
         # The own-data path is a script of the commands a user types (examples/).
         script = REPO_ROOT / "examples" / "own_data_demo.py"
         raise typer.Exit(subprocess.run([sys.executable, str(script)]).returncode)
     from client.api import ApiError, RunyardClient
-    from client.devcluster.demo import DemoFailed, return_drained_nodes, run_demo, summarize
+    from client.devcluster.demo import (
+        DemoFailed,
+        print_goodput,
+        return_drained_nodes,
+        run_demo,
+        run_fast_demo,
+        summarize,
+        summarize_fast,
+    )
 
     dev = cluster.DevCluster(cluster.default_state_dir())
     client = RunyardClient(dev.service_url)
@@ -156,6 +172,13 @@ def demo(
         )
         summarize(client, console, run)
         return_drained_nodes(client, console)
+        if fast and not no_failure and run["state"] == "SUCCEEDED":
+            fast_run = run_fast_demo(client, console, dev.kern_log, timeout_s=timeout_s)
+            summarize_fast(client, console, run, fast_run)
+            return_drained_nodes(client, console)
+            run = fast_run
+        else:
+            print_goodput({"classic": client.get_run(run["id"])})
     except ApiError as exc:
         fail(exc.message, Exit.UNREACHABLE if exc.status is None else Exit.ERROR)
     except DemoFailed as exc:

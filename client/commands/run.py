@@ -62,6 +62,12 @@ def print_decision(decision: dict[str, Any]) -> None:
     pinned = ", ".join(decision["pinned"]) or "nothing (parallelism: auto)"
     console.print(f"{decision['world_size']} ranks; pinned: {pinned}")
     console.print(f"layout {layout_text(decision['layout'])}")
+    groups = decision.get("replica_groups", 1)
+    console.print(
+        f"replica groups: {groups} (fast recovery: a failed node's group heals from a peer)"
+        if groups > 1
+        else "replica groups: none (classic recovery: restart from the last checkpoint)"
+    )
     console.print(plan_text(decision["plan"]))
 
 

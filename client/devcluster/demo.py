@@ -1,8 +1,15 @@
 """`runyard dev demo`: a real training run on two nodes, with a hot spare held, that survives
-a GPU falling off the bus part-way through."""
+a GPU falling off the bus part-way through; then the same failure on the fast path.
+
+The classic path: the run restarts from its last checkpoint on the spare. The fast path
+(examples/tiny-demo-fast.yaml): two replica groups, each a tp 2 copy of the model on one
+node of two ranks; the failed node's group is replaced on the spare and heals from the
+other group, which trains through the failure. The summary shows both recoveries' goodput
+side by side."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +26,7 @@ from client.devcluster.paths import REPO_ROOT
 from client.output import print_table
 
 DEMO_SPEC = REPO_ROOT / "examples" / "tiny-demo.yaml"
+FAST_DEMO_SPEC = REPO_ROOT / "examples" / "tiny-demo-fast.yaml"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
 
@@ -101,7 +109,7 @@ def _follow(
                 f"checkpoints {len(_committed(client, run_id))}",
                 highlight=False,
             )
-        if not injected and run["state"] == "RUNNING" and len(run["nodes"]) > 1:
+        if not injected and run["state"] == "RUNNING" and _all_training(run):
             committed = _committed(client, run_id)
             if committed and step >= committed[-1]["step"] + 5:
                 node = run["nodes"][-1]
@@ -117,6 +125,17 @@ def _follow(
         if run["state"] in TERMINAL:
             return run
         time.sleep(1.0)
+
+
+def _all_training(run: dict[str, Any]) -> bool:
+    """Every live attempt of the run (each replica group's, or the one) has trained a step,
+    on more than one node: a failure then hits a run that is really training."""
+    live = [a for a in run["attempts"] if a["state"] in ("PENDING", "RUNNING", "SUBMITTING")]
+    return (
+        len(run["nodes"]) > 1
+        and bool(live)
+        and all(a["state"] == "RUNNING" and a["first_step"] is not None for a in live)
+    )
 
 
 def _recovery_lines(client: RunyardClient, run_id: int) -> list[str]:
@@ -155,50 +174,9 @@ def summarize(client: RunyardClient, console: Console, run: dict[str, Any]) -> N
             for c in checkpoints
         ],
     )
-    print_table(
-        f"attempts of run {run_id}",
-        ["#", "STATE", "JOB", "NODES", "RESUMED AT", "ENDED"],
-        [
-            (
-                a["number"],
-                a["state"],
-                a["slurm_job_id"],
-                a["node_list"],
-                a["resume_step"],
-                a["end_reason"],
-            )
-            for a in run["attempts"]
-        ],
-    )
+    print_attempts(run)
     for line in _recovery_lines(client, run_id):
         console.print(line, highlight=False)
-    if (goodput := run.get("goodput")) and goodput["goodput"] is not None:
-        lost = goodput["lost"]
-        print_table(
-            "goodput (seconds)",
-            [
-                "ALLOCATED",
-                "PRODUCTIVE",
-                "GOODPUT",
-                "RECOMPUTED",
-                "DETECTION",
-                "DRAIN+RESUBMIT",
-                "START+LOAD",
-                "CKPT STALLS",
-            ],
-            [
-                (
-                    f"{goodput['allocated_s']:.1f}",
-                    f"{goodput['productive_s']:.1f}",
-                    f"{goodput['goodput']:.1%}",
-                    f"{lost['recomputed_steps_s']:.1f}",
-                    f"{lost['detection_s']:.1f}",
-                    f"{lost['drain_and_resubmit_s']:.1f}",
-                    f"{lost['startup_and_load_s']:.1f}",
-                    f"{lost['checkpoint_stalls_s']:.1f}",
-                )
-            ],
-        )
     metrics = client.run_metrics(run_id, after_step=-1)
     first_loss = metrics[0]["loss"] if metrics else float("nan")
     console.print(
@@ -207,6 +185,118 @@ def summarize(client: RunyardClient, console: Console, run: dict[str, Any]) -> N
         f"{run['last_loss'] or float('nan'):.3f} over {run['last_step']} steps; "
         f"{sum(c['state'] == 'COMMITTED' for c in checkpoints)} checkpoints kept"
     )
+
+
+def print_attempts(run: dict[str, Any]) -> None:
+    """The run's attempts, in columns that fit 80 characters (why each ended as a code)."""
+    print_table(
+        f"attempts of run {run['id']}",
+        ["#", "GROUP", "STATE", "JOB", "NODES", "FROM STEP", "WHY ENDED"],
+        [
+            (
+                a["number"],
+                "all" if a["replica_group"] is None else a["replica_group"],
+                a["state"],
+                a["slurm_job_id"],
+                a["node_list"],
+                "heal"
+                if a["replica_group"] is not None and a["resume_step"] is None
+                else a["resume_step"],
+                a["stop_reason"],
+            )
+            for a in run["attempts"]
+        ],
+    )
+
+
+# The goodput table's rows: (label, how to read it from a run's goodput).
+GOODPUT_ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("allocated (s)", lambda g: f"{g['allocated_s']:.1f}"),
+    ("productive (s)", lambda g: f"{g['productive_s']:.1f}"),
+    ("goodput", lambda g: f"{g['goodput']:.1%}"),
+    ("lost: recomputed steps (s)", lambda g: f"{g['lost']['recomputed_steps_s']:.1f}"),
+    ("lost: detection (s)", lambda g: f"{g['lost']['detection_s']:.1f}"),
+    ("lost: drain + resubmit (s)", lambda g: f"{g['lost']['drain_and_resubmit_s']:.1f}"),
+    ("lost: start + load (s)", lambda g: f"{g['lost']['startup_and_load_s']:.1f}"),
+    ("lost: checkpoint stalls (s)", lambda g: f"{g['lost']['checkpoint_stalls_s']:.1f}"),
+    ("lost: degraded (s)", lambda g: f"{g['lost'].get('degraded_s', 0.0):.1f}"),
+]
+
+
+def print_goodput(runs: dict[str, dict[str, Any]]) -> None:
+    """Goodput of each run side by side, one row per figure: reads at 80 columns."""
+    shown = {k: r["goodput"] for k, r in runs.items() if r.get("goodput", {}).get("goodput")}
+    if not shown:
+        return
+    print_table(
+        "goodput of each recovery (whole-run seconds)",
+        ["", *(k.upper() for k in shown)],
+        [(label, *(read(g) for g in shown.values())) for label, read in GOODPUT_ROWS],
+    )
+
+
+def run_fast_demo(
+    client: RunyardClient,
+    console: Console,
+    kern_log: Callable[[str], Path],
+    timeout_s: float = 600,
+) -> dict[str, Any]:
+    """The fast path: two replica groups of a tp 2 layout, one loses a node to an Xid 79."""
+    console.print(
+        "\n[bold]the fast path[/bold]: the same failure for a run of two replica groups "
+        "(each a tp 2 copy of the model on one node), healed from the live group"
+    )
+    return run_demo(client, console, kern_log, FAST_DEMO_SPEC, True, timeout_s)
+
+
+def summarize_fast(
+    client: RunyardClient, console: Console, classic: dict[str, Any], fast: dict[str, Any]
+) -> None:
+    """What the fast path did: the surviving group trained through the failure, how many
+    steps each recovery lost, and both recoveries' goodput side by side."""
+    classic, fast = client.get_run(classic["id"]), client.get_run(fast["id"])
+    print_attempts(fast)
+    for line in _recovery_lines(client, fast["id"]):
+        console.print(line, highlight=False)
+    steps = {run["id"]: _steps_by_attempt(client, run["id"]) for run in (classic, fast)}
+    failed = next((a for a in fast["attempts"] if a["stop_reason"] == "node_failure"), None)
+    survivors = [
+        a
+        for a in fast["attempts"]
+        if failed is not None
+        and a["replica_group"] != failed["replica_group"]
+        and a["number"] < failed["number"]
+    ]
+    if failed is not None and survivors:
+        kept = steps[fast["id"]].get(survivors[0]["id"], [0])
+        lost_at = max(steps[fast["id"]].get(failed["id"], [0]))
+        console.print(
+            f"replica group {survivors[0]['replica_group']} trained through the failure in "
+            f"one attempt, steps {min(kept)} to {max(kept)}, {sum(s > lost_at for s in kept)} "
+            f"of them after group {failed['replica_group']} lost its node at step {lost_at}; "
+            f"steps recomputed: {_recomputed(fast, steps[fast['id']])} on the fast path, "
+            f"{_recomputed(classic, steps[classic['id']])} on the classic one",
+            highlight=False,
+        )
+    print_goodput({"classic": classic, "fast": fast})
+
+
+def _steps_by_attempt(client: RunyardClient, run_id: int) -> dict[int, list[int]]:
+    by_attempt: dict[int, list[int]] = {}
+    for row in client.run_metrics(run_id, after_step=-1, limit=10_000):
+        by_attempt.setdefault(row["attempt_id"], []).append(row["step"])
+    return by_attempt
+
+
+def _recomputed(run: dict[str, Any], steps: dict[int, list[int]]) -> int:
+    """Steps trained twice: what an attempt reported past the step its successor resumed
+    from (from disk); a replica group that heals resumes from no step and redoes none."""
+    attempts = sorted(run["attempts"], key=lambda a: a["number"])
+    redone = 0
+    for before, after in itertools.pairwise(attempts):
+        if after["resume_step"] is not None and steps.get(before["id"]):
+            redone += max(0, max(steps[before["id"]]) - after["resume_step"])
+    return redone
 
 
 def return_drained_nodes(client: RunyardClient, console: Console) -> None:

@@ -43,9 +43,9 @@ from service.models import (
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
 from service.recovery import spares
-from service.recovery.paths import RecoveryPath, choose_recovery_path
+from service.recovery.paths import ClassicBecause, RecoveryPath, choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
-from service.runs import repository, sdc
+from service.runs import repository, rollback, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.service import run_folder
 from service.slurm.client import SlurmClient
@@ -292,6 +292,8 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         failed_groups=failed_groups or {failed or 0},
         min_healthy_groups=min_healthy_groups(run),
     )
+    if incident.signal == sdc.SIGNAL:  # every group stopped for the comparison's rollback
+        path, why = RecoveryPath.CLASSIC, ClassicBecause.ROLLBACK
     incident.run_id = incident.run_id or run.id
     incident.recovery_path, incident.classic_because = path, why
     jobs: list[str] = []
@@ -391,7 +393,14 @@ def judge_group_ended(
         min_healthy_groups=min_healthy_groups(run),
     )
     software_restarts = run.num_restarts - run.num_hardware_restarts
-    if path == RecoveryPath.FAST and software_restarts < run.max_restarts:
+    # A group that stopped for a loss spike or for replicas that disagreed: every group
+    # sees the same losses and the same comparison, so every group stops, and the run
+    # rolls back from disk (restart.py) as a run without groups does.
+    for_rollback = (
+        rollback.anomaly_of(session, attempt) is not None
+        or sdc.report_of(session, attempt) is not None
+    )
+    if path == RecoveryPath.FAST and software_restarts < run.max_restarts and not for_rollback:
         set_stop_reason(attempt, StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
         run.num_restarts += 1

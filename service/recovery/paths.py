@@ -44,6 +44,9 @@ class ClassicBecause(StrEnum):
     # groups stopped while it was down (no live peer any more). A fast recovery whose
     # survivors still step is resumed, not demoted: see service/recovery/fast_path.py.
     SURVIVORS_STOPPED_DURING_SERVICE_RESTART = "survivors_stopped_during_service_restart"
+    # The groups' copies disagreed (silent data corruption: every group compares with the
+    # others and all stop): no copy is trusted to heal from, the run rolls back from disk.
+    ROLLBACK = "rollback"
 
 
 def choose_recovery_path(

@@ -50,14 +50,16 @@ def end_attempt_and_restart(
     """
     if not attempt.state.is_terminal:
         anomaly = None
-        corruption = sdc.report_of(session, attempt) if attempt.replica_group is None else None
+        # A replica group's too: its ranks compare across groups and every group stops.
+        corruption = sdc.report_of(session, attempt)
         if corruption is not None:
             # The replicas disagreed (service/runs/sdc.py): however the attempt ended (its
             # ranks exited, or the drain of the odd node stopped it), roll back past it.
             cause, reason = sdc.decide(session, run, attempt, corruption, reason)
-        elif cause in _SOFTWARE and attempt.replica_group is None:
+        elif cause in _SOFTWARE:
             # A loss spike or non-finite value the worker stopped for: roll back past it
-            # (service/runs/rollback.py), before asking whether it repeats a failure.
+            # (service/runs/rollback.py), before asking whether it repeats a failure. Replica
+            # groups see the same losses, so every group stops for it.
             anomaly = rollback.anomaly_of(session, attempt)
         if anomaly is not None:
             cause, reason = rollback.decide(session, run, attempt, anomaly, reason)

@@ -30,7 +30,6 @@ from service.reconcile import preemption
 from service.recovery.signals import open_incident
 from service.recovery.spares import spare_nodes
 from service.runs.lifecycle import record_event
-from service.runs.schemas import RunSpec
 
 SIGNAL = "node:slow"  # the incidents' signal, and the alert's label
 
@@ -69,7 +68,7 @@ def on_flagged(
 def _cannot_move(session: Session, run: Run, attempt: Attempt) -> str | None:
     if attempt.state != AttemptState.RUNNING or attempt.stop_requested_at is not None:
         return "the attempt is already stopping"
-    if RunSpec.model_validate(run.spec).replica_groups > 1:
+    if run.config.get("fault_tolerance"):  # split into replica groups (as planned)
         return "replica-group runs are only flagged"
     if not spare_nodes(session):
         return "no spare free (waiting for one would cost more than training slowly)"

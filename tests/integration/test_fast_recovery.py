@@ -9,6 +9,7 @@ import os
 import pytest
 
 from client.api import RunyardClient
+from planner.presets import MODEL_PRESETS
 from tests.conftest import wait_for
 from tests.integration.conftest import Agents, ServiceProcess, committed, drain_reason, tiny_spec
 
@@ -25,6 +26,18 @@ STEPS = 70
 # once the replacement group has started and healed (seconds of start-up on two cores busy
 # with three ranks). Its twin trains the same.
 HEALING = {"steps": 110, "seq_len": 128}
+# Two groups of tp 2 x pp 2 (4 ranks, 2 nodes of 2 GPUs each): the tiny preset's two blocks,
+# one per stage. The steps are paced (conftest.STEP_PACE_S) and many enough that the survivor
+# is still training when the replacement, started on two busy cores, has healed.
+TP_PP = {
+    "model": MODEL_PRESETS["tiny"].model_dump(),
+    "nodes": 4,
+    "gpus_per_node": 2,
+    "parallelism": {"tp": 2, "pp": 2},
+    "steps": 90,
+    "seq_len": 128,
+    "checkpoint_every": 30,
+}
 
 
 def ft_spec(name: str, **overrides: object) -> dict:
@@ -174,3 +187,71 @@ def test_a_service_killed_during_a_fast_recovery_finishes_it_once(
     assert [a["state"] for a in run["attempts"] if a["replica_group"] == 0] == ["SUCCEEDED"]
     incident = next(i for i in client.list_incidents() if i["run_id"] == run_id)
     assert incident["recovery_path"] == "fast" and incident["state"] == "RESOLVED"
+
+
+def attempt_steps(client: RunyardClient, run_id: int, attempt_id: int) -> list[int]:
+    """The steps an attempt reported, in the order the service recorded them."""
+    rows = client.run_metrics(run_id, limit=10_000)
+    return [m["step"] for m in rows if m["attempt_id"] == attempt_id]
+
+
+def test_tp2_pp2_groups_lose_a_node_the_survivor_trains_through_and_the_replacement_heals(
+    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    client, conf = spare_pool, str(slurm_cluster.slurm_conf)
+    spare = client.get_spares()["members"][0]
+    run_id = client.submit_run(
+        tiny_spec("ft-tp2pp2", **TP_PP, fault_tolerance={"replica_groups": 2})
+    )["id"]
+    run = client.get_run(run_id)
+    assert (run["layout"]["tp"], run["layout"]["pp"], run["layout"]["dp"]) == (2, 2, 2)
+    before = both_groups_training(client, run_id, past=10)
+    survivor, victim = before[0], before[1]
+    assert len(victim["nodes"]) == 2  # a group is two nodes of two ranks
+    bad = victim["nodes"][1]
+
+    agents.append(bad, XID_79.format(pid=os.getpid()))
+
+    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    at_drain = client.get_run(run_id)["last_step"]
+    replacement = wait_for(
+        "the replacement group running on the spare",
+        lambda: next(
+            (
+                a
+                for a in client.get_run(run_id)["attempts"]
+                if a["replica_group"] == 1 and a["id"] != victim["id"] and a["state"] == "RUNNING"
+            ),
+            None,
+        ),
+        timeout_s=90,
+    )
+    assert spare in replacement["nodes"] and bad not in replacement["nodes"]
+    assert replacement["resume_step"] is None  # it heals from the survivor, not from disk
+    wait_for("the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", 300)
+    # The twin: the same model, batch and steps as one plain rank, after the run (the rows
+    # of a step do not depend on the layout; only the order of float sums does).
+    twin_spec = tiny_spec("ft-tp2pp2-twin", **(TP_PP | {"nodes": 1, "gpus_per_node": 1}))
+    twin_id = client.submit_run(twin_spec | {"parallelism": "auto"})["id"]
+    wait_for("the twin to succeed", lambda: client.get_run(twin_id)["state"] == "SUCCEEDED", 300)
+
+    run = client.get_run(run_id)
+    attempts = {a["id"]: a for a in run["attempts"]}
+    assert attempts[survivor["id"]]["state"] == "SUCCEEDED"
+    assert attempts[victim["id"]]["stop_reason"] == "node_failure"
+    assert len(run["attempts"]) == 3 and run["num_hardware_restarts"] == 1
+    incident = next(i for i in client.list_incidents() if i["run_id"] == run_id)
+    assert incident["recovery_path"] == "fast" and incident["state"] == "RESOLVED"
+    # The survivor trained every step once, from its first to the last, through the loss of
+    # the other group: no step recomputed, no restart from disk.
+    kept = attempt_steps(client, run_id, survivor["id"])
+    assert kept == list(range(kept[0], TP_PP["steps"] + 1)) and kept[0] <= 2, kept
+    assert at_drain is not None and max(kept) > at_drain
+    assert run["goodput"]["lost"]["recomputed_steps_s"] == 0
+    healed = attempt_steps(client, run_id, replacement["id"])
+    assert healed and healed[0] > at_drain and healed[-1] == TP_PP["steps"], healed
+    mine, twin = losses(client, run_id), losses(client, twin_id)
+    assert sorted(mine) == list(range(1, TP_PP["steps"] + 1))
+    worst = max(abs(v - twin[s][0]) / twin[s][0] for s, vs in mine.items() for v in vs)
+    print(f"tp2 x pp2 fast recovery: worst relative loss gap to the twin {worst:.2e}")
+    assert worst <= LOSS_TOLERANCE
