@@ -117,6 +117,31 @@ class RunyardClient:
             params["attempt"] = attempt
         return self._call("GET", f"/v1/runs/{run_id}/logs", params=params)
 
+    def run_tracking(self, run_id: int) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/runs/{run_id}/tracking")
+
+    # notifications
+    def add_notification(self, url: str, events: list[str], format: str) -> dict[str, Any]:
+        body = {"url": url, "events": events, "format": format}
+        return self._call("POST", "/v1/notifications", json=body)
+
+    def list_notifications(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/notifications")
+
+    def remove_notification(self, subscription_id: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/notifications/{subscription_id}")
+
+    def test_notification(self, subscription_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/notifications/{subscription_id}/test")
+
+    def notification_deliveries(
+        self, subscription_id: int | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if subscription_id is not None:
+            params["subscription_id"] = subscription_id
+        return self._call("GET", "/v1/notifications/deliveries", params=params)
+
     # nodes
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/nodes")

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from client.commands import admin, data, dev, doctor, incident, node, plan, run, spare, sweep
+from client.commands import (
+    admin,
+    data,
+    dev,
+    doctor,
+    incident,
+    node,
+    notify,
+    plan,
+    run,
+    spare,
+    sweep,
+    tracking,
+)
 
 app = typer.Typer(
     help="runyard: training-run orchestration for Slurm clusters.",
@@ -19,6 +32,8 @@ app.add_typer(incident.app, name="incident")
 app.add_typer(admin.app, name="admin")
 app.add_typer(dev.app, name="dev")
 app.add_typer(data.app, name="data")
+app.add_typer(notify.app, name="notify")
+app.add_typer(tracking.app, name="tracking")
 app.add_typer(plan.app, name="plan")
 app.command(name="doctor")(doctor.doctor)
 

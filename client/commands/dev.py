@@ -65,10 +65,26 @@ def up(
         1, min=1, max=8, help="Service processes; more than one sit behind a proxy on --port."
     ),
     slurm: Path | None = SLURM_PREFIX_OPTION,
+    with_: list[str] = typer.Option(
+        [],
+        "--with",
+        help="mlflow: also an MLflow tracking server on Postgres (127.0.0.1:5000), and the "
+        "service pointed at it (`dev down` first if the service is up).",
+    ),
 ) -> None:
     """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
     dev = _cluster(slurm, port=port, replicas=replicas)
+    unknown = [extra for extra in with_ if extra != "mlflow"]
+    if unknown:
+        fail(f"--with: unknown {', '.join(unknown)}; the only one is mlflow", Exit.USAGE)
     try:
+        if "mlflow" in with_:
+            from client.devcluster.mlflow import MlflowUnavailable, ensure_dev_server
+
+            try:
+                _say(f"mlflow: {ensure_dev_server(dev.database_url, dev.state_dir).url}")
+            except MlflowUnavailable as exc:
+                fail(str(exc), Exit.ERROR)
         cluster.up(nodes, leaf_size, dev, say=_say)
     except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:
         fail(str(exc), Exit.ERROR)
@@ -106,7 +122,12 @@ def render(
 @app.command()
 def down(slurm: Path | None = SLURM_PREFIX_OPTION) -> None:
     """Stop exactly the processes `dev up` started."""
-    stopped = cluster.down(_cluster(slurm), say=_say)
+    dev = _cluster(slurm)
+    stopped = cluster.down(dev, say=_say)
+    from client.devcluster.mlflow import stop_dev_server
+
+    if stop_dev_server(dev.state_dir):
+        stopped = [*stopped, "mlflow"]
     console.print(f"stopped {len(stopped)} processes" if stopped else "nothing was running")
 
 

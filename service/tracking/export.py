@@ -13,6 +13,8 @@ after a crash; the cursor is what the service shows and the lower bound it resum
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -58,12 +60,14 @@ class Exporter:
 
     sink: TrackerSink
     settings: Settings
+    # A transaction per use, committed on success (the tests pass their rolled-back one).
+    sessions: Callable[[], AbstractContextManager[Session]] = session_scope
     opened: dict[int, Opened] = field(default_factory=dict)  # export id -> its tracker run
 
     def export(self, export_id: int) -> bool:
         """One step forward for one export: a batch sent, or the end recorded; False when
         there was nothing to do. Raises when the tracker failed (the caller records it)."""
-        with session_scope() as session:
+        with self.sessions() as session:
             export = session.get(TrackerExport, export_id)
             assert export is not None
             run = session.get(Run, export.run_id)
@@ -74,10 +78,10 @@ class Exporter:
         opened = self.opened.get(export_id)
         if opened is None:
             opened = self._open(export_id, tracked, known_id)
-            with session_scope() as session:
+            with self.sessions() as session:
                 export = self._row(session, export_id)
                 cursor, sent = export.exported_step, set(export.exported_event_ids)
-        with session_scope() as session:
+        with self.sessions() as session:
             batch = self._plan(session, export_id, cursor, sent)
             if batch.rows or batch.events:
                 self._row(session, export_id).in_flight = {
@@ -94,7 +98,7 @@ class Exporter:
                 self.opened.pop(export_id, None)  # did it land? the tracker says, next time
                 raise
         if batch.rows or batch.events or batch.through_step > cursor:
-            with session_scope() as session:
+            with self.sessions() as session:
                 export = self._row(session, export_id)
                 export.exported_step = max(export.exported_step, batch.through_step)
                 export.exported_event_ids = sorted(sent | {e.id for e in batch.events})
@@ -106,7 +110,7 @@ class Exporter:
                 self.sink.finish(opened.tracker_run_id, tracked, batch.final)
             else:
                 self.sink.release(opened.tracker_run_id)
-            with session_scope() as session:
+            with self.sessions() as session:
                 export = self._row(session, export_id)
                 export.state, export.finished_at = ExportState.FINISHED, utcnow()
                 self._succeeded(export)
@@ -118,7 +122,7 @@ class Exporter:
         """Find or create the tracker's run and take the cursor from what it holds."""
         tracker_run_id, created = self.sink.open(tracked, known_id)
         held = Held() if created else self.sink.held(tracker_run_id, tracked)
-        with session_scope() as session:
+        with self.sessions() as session:
             export = self._row(session, export_id)
             if (
                 export.exported_step != held.step
@@ -173,7 +177,7 @@ class Exporter:
     def failed(self, export_id: int, error: BaseException) -> None:
         """A tracker that failed is tried again later, backing off: it never blocks the
         others, and training never waits for it."""
-        with session_scope() as session:
+        with self.sessions() as session:
             export = self._row(session, export_id)
             export.num_failures += 1
             wait_s = min(
