@@ -17,7 +17,7 @@ from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
 from service.runs.service import run_goodput
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, FinishReport, ProgressReport
+from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -222,3 +222,28 @@ def test_a_group_that_lost_every_node_takes_spares_only_if_the_reserve_stays(
     else:
         assert replacement is not None and not set(replacement.nodes) & set(lost)
         assert len(replacement.nodes) == 2 and replacement.resume_step is None
+
+
+def test_a_group_that_stopped_for_a_loss_spike_rolls_every_group_back_from_disk(
+    cluster: Cluster,
+) -> None:
+    """Not the fast path: the other groups saw (or will see) the same spike; a replacement
+    would heal the anomaly's state from them. Every group resumes from the checkpoint
+    before it with the data skipped, as a run without groups does."""
+    run_id, groups = two_groups_training(cluster)
+    report(groups[1].id, 30)
+    with session_scope() as session:
+        anomaly = ErrorReport(rank=0, kind="worker:anomaly", step=30, message="non-finite loss")
+        workers.record_error(session, groups[1].id, anomaly)
+    cluster.slurm.finish(groups[1].slurm_job_id, exit_code=1)
+    cluster.tick()
+
+    attempts = {a.id: a for a in cluster.attempts(run_id)}
+    assert attempts[groups[1].id].stop_reason == StopReason.ROLLED_BACK
+    assert attempts[groups[0].id].state == AttemptState.FAILED  # stopped with it
+    assert "run.rolled_back" in cluster.events(run_id)
+    cluster.cycle()
+    live = live_groups(cluster, run_id)
+    assert sorted(live) == [0, 1]
+    assert all(a.resume_step == 20 for a in live.values())  # both from disk, before the spike
+    assert cluster.run(run_id).config["data_skips"]  # the spike's data is skipped
