@@ -16,6 +16,7 @@ from .collectives import Fabric
 from .hardware import GIB, Network, hardware_named
 from .layout import PINNABLE, PRECISIONS, RECOMPUTE_MODES
 from .reliability import ReliabilityAssumptions, assess
+from .replica_groups import GroupChoice, choose_groups
 from .schemas import (
     Alternative,
     CheckpointPlan,
@@ -28,6 +29,19 @@ from .schemas import (
 from .search import Candidate, Pinned, Request, SearchOutcome, search
 from .step_time import UNSCALED, StepScale, estimate_step, step_terms_s
 from .transformer import model_flops_per_token
+
+# Layouts costed with every replica-group count the contract allows: the count and the
+# layout are chosen together from the fastest few (a layout a little slower as one group
+# may fit G groups' unsharded states, or recover better). A pinned count is tried on every
+# layout that fits as one group, fastest first.
+GROUP_CANDIDATES = 64
+
+
+def _group_candidates(replica_groups: int | None) -> int:
+    """How many of the fastest layouts the replica-group choice looks at."""
+    if replica_groups is None:
+        return GROUP_CANDIDATES
+    return 1 if replica_groups == 1 else 1_000_000
 
 
 def make_request(
@@ -116,8 +130,13 @@ def plan(
     reliability: ReliabilityAssumptions | None = None,
     num_runners_up: int = 5,
     calibration: Calibration | None = None,
+    replica_groups: int | None = None,
 ) -> PlanResult:
     """The fastest layout that fits, with its memory, speed and failure plan.
+
+    `replica_groups`: the replica groups the run is split into for the fast recovery
+    path (1: none, classic recovery only); None: the planner chooses the count together
+    with the layout, for the most expected throughput (planner/replica_groups.py).
 
     `calibration`: the cluster's corrections from its own measured runs
     (planner/calibration.py): the search ranks layouts with them, and the checkpoint and
@@ -136,14 +155,27 @@ def plan(
         network,
         pinned,
         gpus_per_node,
-        keep=num_runners_up + 1,
+        keep=max(num_runners_up + 1, _group_candidates(replica_groups)),
         scale=calibration.scale if calibration is not None else UNSCALED,
     )
     if not outcome.ranked:
         raise no_layout_error(request, outcome)
     if calibration is not None:
         reliability = calibration.reliability(reliability)
-    return _result(request, outcome, reliability, calibration)
+    choice = choose_groups(
+        request, outcome.ranked, reliability or ReliabilityAssumptions(), replica_groups
+    )
+    if choice is None:
+        raise PlanError(
+            "replica_groups",
+            f"no layout that fits splits into {replica_groups} replica groups of whole nodes "
+            "and still fits (the groups divide data parallel and the nodes, and ZeRO shards "
+            "only inside a group); pin another count or use fault_tolerance: auto",
+        )
+    # The chosen layout as planned with its groups first, then the runners-up.
+    others = [c for c in outcome.ranked if c.layout != choice.candidate.layout]
+    outcome.ranked = [choice.candidate, *others][: num_runners_up + 1]
+    return _result(request, outcome, reliability, calibration, choice)
 
 
 def explain_does_not_fit(
@@ -247,12 +279,17 @@ def _result(
     outcome: SearchOutcome,
     assumptions: ReliabilityAssumptions | None,
     calibration: Calibration | None = None,
+    choice: GroupChoice | None = None,
 ) -> PlanResult:
     best = outcome.ranked[0]
     uncalibrated_step_s, terms = _published_figures(request, best)
     tokens_per_s, mfu, tflops = _speed(request, best)
-    rel = assess(
-        request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
+    rel = (
+        choice.reliability
+        if choice is not None
+        else assess(
+            request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
+        )
     )
     mem = best.memory
     runners_up = []

@@ -33,7 +33,11 @@ from .plan import plan
 from .schemas import PlanResult
 
 # Planner inputs named differently in the run spec.
-_SPEC_FIELD = {"num_gpus": "nodes", "global_batch_tokens": "global_batch"}
+_SPEC_FIELD = {
+    "num_gpus": "nodes",
+    "global_batch_tokens": "global_batch",
+    "replica_groups": "fault_tolerance.replica_groups",
+}
 
 
 class LayoutError(ValueError):
@@ -109,14 +113,16 @@ def resolve_layout(
     hardware: str,
     network: str,
     worker_precision: Precision,
+    replica_groups: int | None = 1,
     calibration: Calibration | None = None,
 ) -> Resolved:
     """The fastest layout of `world_size` ranks that fits and honours every pin.
 
     `pinned` holds the spec's parallelism fields (None or absent: the planner chooses);
     `worker_precision` is what the ranks compute in unless the spec pins a precision;
-    `calibration` the cluster's corrections from its own measured runs
-    (planner/calibration.py).
+    `replica_groups` the groups the run is split into (None: the planner chooses them with
+    the layout; the plan's `fast_replica_groups` says how many, 0 for none); `calibration`
+    the cluster's corrections from its own measured runs (planner/calibration.py).
     """
     pins = {name: value for name, value in pinned.items() if value is not None}
     _check_pinned_degrees(pins, world_size, global_batch)
@@ -140,6 +146,7 @@ def resolve_layout(
             pinned={name: pins[name] for name in PINNABLE if name in pins},
             gpus_per_node=gpus_per_node,
             num_runners_up=0,
+            replica_groups=replica_groups,
             calibration=calibration,
         )
     except PlanError as exc:

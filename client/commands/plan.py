@@ -78,6 +78,11 @@ def plan(
     ffn: int | None = typer.Option(None, help="Shape: MLP inner width."),
     vocab: int | None = typer.Option(None, help="Shape: vocabulary size."),
     mlp: str | None = typer.Option(None, help="Shape: swiglu or gelu."),
+    replica_groups: str = typer.Option(
+        "auto",
+        help="Replica groups for the fast recovery path: auto (the planner chooses them with "
+        "the layout), 1 (none), or a count, as a spec's fault_tolerance asks.",
+    ),
     json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     explain: bool = typer.Option(
         False, "--explain", help="Also print where the best layout's step time goes, and why."
@@ -119,6 +124,7 @@ def plan(
         "recompute": recompute,
         "vp": vp,
     }
+    groups = _replica_groups(replica_groups)
     calibration, calibration_note = cluster_calibration(hardware, uncalibrated)
     try:
         result = plan_run(
@@ -131,6 +137,7 @@ def plan(
             network,
             pinned,
             gpus_per_node,
+            replica_groups=groups,
             calibration=calibration,
         ).model_dump()
     except PlanError as exc:
@@ -165,6 +172,15 @@ def _blocks(result: dict[str, Any], num_nodes: int, block_size: int) -> BlockPla
         gpus_per_node=per_node,
         block_size=block_size,
     )
+
+
+def _replica_groups(value: str) -> int | None:
+    """--replica-groups: None for auto, else a count of at least 1."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        fail(f"--replica-groups must be auto or a count of at least 1, not {value!r}", Exit.USAGE)
+    return int(value)
 
 
 def _step_causes(shape: ModelShape, result: dict[str, Any]) -> list[StepCause]:
@@ -241,7 +257,15 @@ def print_plan(result: dict[str, Any]) -> None:
         highlight=False,
     )
     lost = result.get("lost_s_per_interruption") or {}
-    if result.get("goodput_fast") is not None:
+    if result.get("goodput_fast") is None:
+        # No fast-path figure for a run the service would not split into replica groups.
+        console.print(
+            "recovery: classic path only (restart from disk): no replica groups for this "
+            "layout and size (they must divide data parallel and the nodes, fit in memory, "
+            "and pay for their cost in throughput)",
+            highlight=False,
+        )
+    else:
         fast_steps = ckpt.get("fast_interval_steps")
         fast_every = (
             f"checkpoint every {fast_steps} steps ({ckpt['fast_interval_s'] / 60:.1f} min)"

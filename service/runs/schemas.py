@@ -150,10 +150,12 @@ class RunSpec(_Spec):
     time_limit_min: int = Field(
         default=60 * 24, ge=1, le=60 * 24 * 365, description="Slurm time limit per attempt."
     )
-    fault_tolerance: FaultToleranceSpec | None = Field(
+    fault_tolerance: FaultToleranceSpec | Literal["auto"] | None = Field(
         default=None,
-        description="Train as replica groups that survive a node loss without stopping; "
-        "None: one group.",
+        description="Train as replica groups that survive a node loss without stopping: "
+        "{replica_groups: G} pins their number; 'auto' lets the planner choose it with the "
+        "layout (1, no groups, where they would cost more throughput than they save; also "
+        "with an entrypoint or min_nodes, which exclude groups); None: one group.",
     )
     spike: SpikeRule = Field(
         default_factory=SpikeRule,
@@ -215,7 +217,22 @@ class RunSpec(_Spec):
 
     @property
     def replica_groups(self) -> int:
-        return self.fault_tolerance.replica_groups if self.fault_tolerance else 1
+        """The pinned number of groups (1: none, or not known before planning under
+        'auto': the run's config holds the plan's)."""
+        ft = self.fault_tolerance
+        return ft.replica_groups if isinstance(ft, FaultToleranceSpec) else 1
+
+    @property
+    def planned_replica_groups(self) -> int | None:
+        """What the planner is told: the pinned count, or None under 'auto' (it chooses)."""
+        if self.fault_tolerance == "auto":
+            return 1 if self.entrypoint is not None or self.min_nodes is not None else None
+        return self.replica_groups
+
+    @property
+    def min_healthy_groups(self) -> int:
+        ft = self.fault_tolerance
+        return ft.min_healthy_groups if isinstance(ft, FaultToleranceSpec) else 1
 
 
 class AttemptOut(BaseModel):
@@ -311,6 +328,10 @@ class RunDecision(BaseModel):
     plan: PlanResult = Field(
         description="The planner's answer for this layout on the cluster's GPUs, as "
         "`runyard plan --json` prints it (runners-up included)."
+    )
+    replica_groups: int = Field(
+        default=1,
+        description="Replica groups the run would train as (1: none, classic recovery).",
     )
 
 

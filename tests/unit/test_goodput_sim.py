@@ -98,10 +98,13 @@ def test_the_spare_pool_size_is_the_planners(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_leaf_failure_leaves_spares_for_the_failures_after_it() -> None:
     """Seed 0 at Llama 3's rate has a leaf switch fail under the run: with the planner's
     11 spares handed out node by node, a later one-node failure found none; the leaf-aware
-    policy (19 spares, whole groups, a reserve) keeps one for it and waits less."""
+    policy (19 spares, whole groups, a reserve) keeps one for it and waits less. The run is
+    split into 64 groups (pinned): with the planner's 2 halves a leaf's group waits for
+    its switch under either policy."""
     config = SimConfig(days=30, seed=0)
-    before = simulate(dataclasses.replace(config, leaf_aware=False))
-    after = simulate(config)
+    run = planned_run(replica_groups=64)
+    before = simulate(dataclasses.replace(config, leaf_aware=False), run)
+    after = simulate(config, run)
     assert before.leaf_failures == after.leaf_failures == 1
     assert before.single_found_none and not after.single_found_none
     assert after.badput["waiting_spare"] < before.badput["waiting_spare"]
