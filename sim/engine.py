@@ -31,10 +31,12 @@ from sim.cluster import Cluster
 from sim.costs import NCCL_TRANSPORT_TIMEOUT_S, PhaseCosts, phase_costs
 from sim.failures import NODES_PER_LEAF, Failure, Report
 from sim.ledger import Ledger, Use
+from sim.live_interval import LiveInterval
 from sim.policy import Policy
 from sim.run_shape import RunShape, planned_run
 
 INF = math.inf
+LIVE_EVERY_S = 3600.0  # the live interval is also looked at hourly: failures leave its window
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class SimConfig:
     # recovers on (`Reliability.interval_s_for`): the fast path's (Daly's for its classic
     # fallbacks, capped at an hour) when fast_path, else the classic one (Daly's).
     interval_s: float | None = None
+    # The service's live interval (sim/live_interval.py): from the interval above, the run
+    # is told a new one as the failures the cluster has seen over the window change it.
+    live_interval: bool = False
 
 
 @dataclass
@@ -129,6 +134,19 @@ class Simulation:
             assumptions=assumptions,
         )
         self.cycle_s = self.interval_s + self.costs.checkpoint_stall_s
+        self.live = (
+            LiveInterval(
+                self.settings,
+                cluster_nodes=len(self.cluster.switch),
+                run_nodes=self.run.num_nodes,
+                gpus_per_node=8,
+                stall_s=self.costs.checkpoint_stall_s,
+                step_s=self.run.step_s,
+                start_interval_s=self.interval_s,
+            )
+            if config.live_interval
+            else None
+        )
         self.horizon = config.days * 86400
         self.ledger = Ledger(self.horizon)
         self.events: list[tuple[float, int, str, Any]] = []
@@ -170,6 +188,8 @@ class Simulation:
             scale=self.cfg.scale,
         ):
             self.at(f.at_s, "fail", f)
+        if self.live is not None:
+            self.at(LIVE_EVERY_S, "rederive")
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
             self.advance(t)
@@ -236,6 +256,9 @@ class Simulation:
     # --- events ---------------------------------------------------------------------------
 
     def on_fail(self, t: float, f: Failure) -> None:
+        if self.live is not None:  # the service counts it, and may move the interval
+            self.live.observe(t)
+            self.rederive(t)
         cluster = self.cluster
         # One repair time for every node the failure took: a leaf switch is replaced once.
         back = t + failures.repair_s(self.rng, f.cause, self.assumptions.repair_window_h)
@@ -299,6 +322,21 @@ class Simulation:
         self.groups_out.clear()  # the whole run restarts
         self.begin_stop(t, [(Use.DETECTION, t + detect)], classic=True)
         self.at(t + detect, "detected", self.stop_id)
+
+    def on_rederive(self, t: float, _: Any) -> None:
+        self.rederive(t)
+        self.at(t + LIVE_EVERY_S, "rederive")
+
+    def rederive(self, t: float) -> None:
+        """The live interval (the service's policy) at `t`: a new one counts its cycles from
+        the newest committed save, which a classic restore would return to."""
+        new = self.live.update(t) if self.live is not None else None
+        if new is None:
+            return
+        if self.stop is None or not self.stop.classic:
+            committed = math.floor((t - self.write_s - self.train_start) / self.cycle_s)
+            self.train_start += max(0, committed) * self.cycle_s
+        self.interval_s, self.cycle_s = new, new + self.costs.checkpoint_stall_s
 
     def replace(self, drained: dict[int, str], *, others_train: bool) -> None:
         """Spares for the drained slots: the service's grant (whole groups, a reserve kept

@@ -7,7 +7,8 @@ seen: the failure rate over the last `live_checkpoint_window_h` hours (incidents
 node-hour, by cause), this run's nodes, and the run's own measured save stall and step
 time. The ranks learn the new interval from the reply to their next progress report
 (workers/endpoints.py), and each change is an event on the run's timeline with the figures
-behind it. A user's pinned interval (a spec that gives `checkpoint_every`) is kept.
+behind it. A user's pinned interval (a spec that gives `checkpoint_every`) is kept, and so
+is the planner's for a run split into replica groups (`follows_failures`).
 
 The rate is the posterior mean of a Poisson rate under a Gamma prior worth PRIOR_EVENTS
 failure at the published rate: (PRIOR_EVENTS + failures) / (PRIOR_EVENTS / prior + node
@@ -115,13 +116,20 @@ def current_every(run_config: dict[str, Any], spec_every: int) -> int:
     return int((run_config.get(CONFIG_KEY) or {}).get("every", spec_every))
 
 
-def announced_every(run_config: dict[str, Any]) -> int | None:
-    """What the progress reply tells the ranks: the service's interval, or None when the
-    user pinned it (the ranks keep their config's)."""
+def follows_failures(run_config: dict[str, Any]) -> bool:
+    """Whether the service chooses this run's interval. Not when the user pinned it, nor for
+    a run split into replica groups: its disk checkpoints serve only the failures the fast
+    path hands to the classic one (planner.reliability), which this count does not see."""
     state = run_config.get(CONFIG_KEY) or {}
-    if not state or state.get("pinned", True):
+    return bool(state) and not state.get("pinned", True) and not run_config.get("fault_tolerance")
+
+
+def announced_every(run_config: dict[str, Any]) -> int | None:
+    """What the progress reply tells the ranks: the service's interval, or None when it
+    does not choose it (the ranks keep their config's)."""
+    if not follows_failures(run_config):
         return None
-    return int(state["every"])
+    return int(run_config[CONFIG_KEY]["every"])
 
 
 def observed_rate(session: Session, settings: Settings, now: datetime) -> FailureRate:
@@ -168,12 +176,13 @@ def measured_stall_s(session: Session, run_id: int, fallback_s: float) -> float:
 
 
 def rederive(session: Session, run: Any, settings: Settings) -> int | None:
-    """The run's interval in steps, re-derived now if the service chooses it (None when the
-    user pinned it, or before the run has a measured step time). A change of at least
-    MIN_CHANGE is stored in run.config and recorded on the run's timeline with its figures."""
-    state = dict(run.config.get(CONFIG_KEY) or {})
-    if not state or state.get("pinned", True):
+    """The run's interval in steps, re-derived now if the service chooses it (None when it
+    does not; the current one before the run has a measured step time). A change of at
+    least MIN_CHANGE is stored in run.config and recorded on the run's timeline with its
+    figures."""
+    if not follows_failures(run.config):
         return None
+    state = dict(run.config[CONFIG_KEY])
     outcome = session.get(PlanOutcome, run.id)
     if outcome is None or outcome.measured_step_s is None:
         return int(state["every"])
