@@ -191,6 +191,21 @@ class RunyardClient:
     def set_quota(self, team: str, gpu_quota: int | None) -> dict[str, Any]:
         return self._call("PUT", f"/v1/admin/teams/{team}", json={"gpu_quota": gpu_quota})
 
+    def link_user(
+        self, user: str, unix_user: str, slurm_account: str | None = None
+    ) -> dict[str, Any]:
+        body = {"unix_user": unix_user, "slurm_account": slurm_account}
+        return self._call("PUT", f"/v1/admin/users/{user}/link", json=body)
+
+    def unlink_user(self, user: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/admin/users/{user}/link")
+
+    def list_users(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/admin/users")
+
+    def service_identity(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/admin/service-identity")
+
     def audit(self, after_id: int = 0) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/admin/audit", params={"after_id": after_id})
 

@@ -173,6 +173,24 @@ class Settings(BaseSettings):
         description="Service log lines: one JSON object each (with run, attempt and node ids) "
         "for log shippers, or plain text.",
     )
+    run_umask: str = Field(
+        default="0027",
+        pattern="^0?[0-7]{3}$",
+        description="The umask a run's jobs and the files made for them at submission get "
+        "(octal): 0027 makes job folders, logs and checkpoints the owner's, readable by "
+        "the owner's primary group (the team), and nothing for others.",
+    )
+    owner_python: str | None = Field(
+        default=None,
+        description="The Python the service acts as a run's owner with: `sudo -n -u <owner> "
+        "<owner_python> -I -m service.identity.as_owner`, the one command the sudoers rule "
+        "allows (docs/install.md step 3; default: the service's own Python).",
+    )
+    qos_by_priority: dict[str, str] = Field(
+        default_factory=dict,
+        description="Slurm QoS per runyard priority class, where the site has them (JSON: "
+        '{"prod": "high", "scavenger": "low"}); a class not named gets the account\'s default.',
+    )
     job_prefix: str | None = Field(
         default=None,
         description="Prefix of Slurm job names (default runyard-<database>), so two services "
@@ -271,7 +289,17 @@ class Settings(BaseSettings):
 
     @property
     def data_cache_dir(self) -> Path:
+        """Root of the per-user data caches (each user's runs pack and map their own)."""
         return self.state_dir / "data"
+
+    @property
+    def service_dir(self) -> Path:
+        """The service's own files (lighthouse logs): never in a root users can write to."""
+        return self.state_dir / "service"
+
+    @property
+    def umask(self) -> int:
+        return int(self.run_umask, 8)
 
 
 @lru_cache

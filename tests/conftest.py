@@ -4,6 +4,7 @@ the service running as its own process (so tests can stop and restart it)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,14 +64,29 @@ def database_url() -> Iterator[str]:
     postgres.drop_database(TEST_DATABASE_URL)
 
 
+# The Unix user the tests' admin submits as (made by `runyard dev up`, as on the dev
+# cluster: client/devcluster/identity.py), and the one the in-process tests' rows name.
+ADMIN_UNIX_USER = "ops"
+
+
 def mint_token(
-    database_url: str, path: Path, *, user: str, team: str, role: str, node: str | None = None
+    database_url: str,
+    path: Path,
+    *,
+    user: str,
+    team: str,
+    role: str,
+    node: str | None = None,
+    unix: str | None = None,
 ) -> str:
-    """A real token, committed to the test database, as `runyard dev up` mints them."""
-    from service.auth.bootstrap import mint_token_file
+    """A real token, committed to the test database, as `runyard dev up` mints them; with
+    `unix`, its user is linked to that Unix user (whom their runs run as)."""
+    from service.auth.bootstrap import link_unix_user, mint_token_file
     from service.models import Role
 
     mint_token_file(database_url, path, user=user, team=team, role=Role(role), node_name=node)
+    if unix is not None:
+        link_unix_user(database_url, user, unix, None)
     return path.read_text().strip()
 
 
@@ -82,7 +98,23 @@ def admin_token(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
         user="admin",
         team="ops",
         role="admin",
+        unix=ADMIN_UNIX_USER,
     )
+
+
+@pytest.fixture
+def shared_path(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh folder on the tests' stand-in for a site's shared filesystem: the runs'
+    owners can reach it (pytest's own temporary root is root's, mode 0700, and the service
+    reads a run's inputs as the run's owner: service/identity/)."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:80]
+    path = Path(f"/tmp/runyard-tests/{TEST_DATABASE}-shared") / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    for folder in (path, path.parent, path.parent.parent):
+        folder.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

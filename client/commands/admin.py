@@ -1,4 +1,4 @@
-"""`runyard admin ...`: tokens, team quotas and the audit log (admin tokens only)."""
+"""`runyard admin ...`: tokens, user links, team quotas and the audit log (admin tokens only)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import typer
 from client.commands.common import call
 from client.output import console, hint, print_json, print_table, short_time
 
-app = typer.Typer(help="Tokens, quotas and the audit log.", no_args_is_help=True)
+app = typer.Typer(help="Tokens, users, quotas and the audit log.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
+user_app = typer.Typer(help="Who each user's runs run as.", no_args_is_help=True)
+app.add_typer(user_app, name="user")
 JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
 
 
@@ -63,6 +65,53 @@ def token_revoke(token_id: int, json: bool = JSON) -> None:
     if json:
         return print_json(row)
     console.print(f"token {token_id} ({row['user']}) revoked")
+
+
+@user_app.command("link")
+def user_link(
+    user: str,
+    unix: str = typer.Option(..., help="The Unix login the user's ranks and scripts run as."),
+    account: str | None = typer.Option(None, help="Slurm account (default: the user's team)."),
+    json: bool = JSON,
+) -> None:
+    """Link a user to a Unix user and Slurm account; runs they submit from now on use them."""
+    row = call(lambda c: c.link_user(user, unix, account))
+    if json:
+        return print_json(row)
+    charged = row["slurm_account"] or "their team's account"
+    console.print(f"user {user}: runs as {row['unix_user']}, charged to {charged}")
+    hint("runyard admin user list")
+
+
+@user_app.command("unlink")
+def user_unlink(user: str, json: bool = JSON) -> None:
+    """Remove a user's link: they cannot submit until linked again."""
+    row = call(lambda c: c.unlink_user(user))
+    if json:
+        return print_json(row)
+    console.print(f"user {user}: unlinked; their runs already accepted keep their identity")
+
+
+@user_app.command("list")
+def user_list(json: bool = JSON) -> None:
+    """Linked users: who their runs run as."""
+    rows = call(lambda c: c.list_users())
+    if json:
+        return print_json(rows)
+    print_table(
+        None,
+        ["USER", "UNIX USER", "SLURM ACCOUNT", "LINKED BY", "UPDATED"],
+        [
+            (
+                u["user"],
+                u["unix_user"],
+                u["slurm_account"] or "(team)",
+                u["linked_by"],
+                short_time(u["updated_at"]),
+            )
+            for u in rows
+        ],
+    )
 
 
 @app.command("quota")

@@ -1,5 +1,6 @@
-"""`runyard doctor`: on the head node, check Slurm, Postgres, the shared filesystem and the
-agents; print what is wrong and how to fix it. Exit 0 healthy, 1 problems found."""
+"""`runyard doctor`: on the head node, check Slurm, Postgres, the shared filesystem, the
+agents and who the service runs as; print what is wrong and how to fix it. Exit 0 healthy,
+1 problems found."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from client.doctor.identity import check_identity
 from client.doctor.result import Area, Check, SiteSettings, Status
 from client.doctor.site import check_agents, check_filesystem, check_postgres
 from client.doctor.slurm import check_slurm
@@ -29,6 +31,8 @@ def run_checks(settings: SiteSettings, areas: set[Area]) -> list[Check]:
         checks += check_filesystem(settings, slurm_up)
     if Area.AGENTS in areas:
         checks += check_agents(settings)
+    if Area.IDENTITY in areas:
+        checks += check_identity(settings)
     return checks
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from client.devcluster import accounting, postgres
+from client.devcluster import accounting, identity, postgres
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
 from client.devcluster.render import (
@@ -125,6 +125,10 @@ class DevCluster:
         """The dev cluster's admin token (mode 0600); the CLI uses it when RUNYARD_TOKEN is
         not set."""
         return self.state_dir / "admin.token"
+
+    def user_token_file(self, user: str) -> Path:
+        """A dev user's token (alice, bob), for trying runyard as them."""
+        return self.state_dir / "users" / f"{user}.token"
 
     def agent_token_file(self, node: str) -> Path:
         return self.state_dir / "nodes" / node / "agent.token"
@@ -380,6 +384,16 @@ def up(
     say(f"waiting for {num_nodes} slurmd nodes to register")
     _wait("the slurmd nodes", lambda: _nodes_ready(cluster, shape.node_names), 60)
 
+    say("making sure its users, their Slurm accounts and the service's sudoers rule exist")
+    # The sudoers rule names the environment's bin/python3, as the service's gate does.
+    opened = identity.ensure(
+        cluster.state_dir,
+        str(Path(sys.prefix) / "bin" / "python3"),
+        cluster.slurm_env(),
+        with_accounting,
+    )
+    for folder in opened:
+        say(f"made {folder} searchable (o+x) so the dev users can run {sys.executable}")
     if with_service:
         _start_service(cluster, table, shape, say)
     say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
@@ -460,7 +474,11 @@ def _start_service(
         say(f"starting the service on {url}")
         log_name = "service.out" if cluster.replicas == 1 else f"service-{index + 1}.out"
         table[key] = spawn(
-            key, service_argv(port), log_dir / log_name, env=cluster.service_env(port)
+            key,
+            service_argv(port),
+            log_dir / log_name,
+            env=cluster.service_env(port),
+            user=identity.SERVICE_USER,  # never root: it acts as users through sudo only
         )
         cluster.table.save(table)
         # One at a time: the first replica's reconciler takes the leader lock.
@@ -507,7 +525,27 @@ def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
     """An admin token for the person at the keyboard and one agent token per node, minted
     by the service's own bootstrap (one process for all of them: the CLI talks to the
     service over HTTP and never imports it)."""
-    wanted = [{"user": "admin", "team": "ops", "role": "admin", "out": cluster.admin_token_file}]
+    wanted: list[dict[str, object]] = [
+        {
+            "user": "admin",
+            "team": "ops",
+            "role": "admin",
+            "out": cluster.admin_token_file,
+            "unix": identity.ADMIN_UNIX_USER,  # the admin's own runs run as ops
+        }
+    ]
+    # The two users of two teams, each linked to their Unix user (their runs run as them).
+    wanted += [
+        {
+            "user": user.name,
+            "team": user.team,
+            "role": "user",
+            "out": cluster.user_token_file(user.name),
+            "unix": user.name,
+        }
+        for user in identity.DEV_USERS
+        if user.name != identity.ADMIN_UNIX_USER
+    ]
     wanted += [
         {
             "user": f"agent-{node}",

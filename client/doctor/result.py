@@ -28,6 +28,7 @@ class Area(enum.StrEnum):
     POSTGRES = "postgres"
     FILESYSTEM = "filesystem"
     AGENTS = "agents"
+    IDENTITY = "identity"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class SiteSettings:
     heartbeat_max_age_s: float = 20.0
     probe_nodes: int = 2
     extra: dict[str, str] = field(default_factory=dict)
+    settings_file: Path | None = None  # the file they were read from, if any
 
     @classmethod
     def load(cls, settings_file: Path | None) -> SiteSettings:
@@ -100,6 +102,7 @@ class SiteSettings:
             partition=values.get("RUNYARD_PARTITION", "train"),
             checkpoint_root=Path(checkpoints),
             extra=values,
+            settings_file=path,
         )
 
     def slurm_env(self) -> dict[str, str]:

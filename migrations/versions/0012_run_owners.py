@@ -33,7 +33,9 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     )
     for table in ("runs", "sweeps"):
-        op.add_column(table, sa.Column("unix_user", sa.String(64), nullable=False, server_default=""))
+        op.add_column(
+            table, sa.Column("unix_user", sa.String(64), nullable=False, server_default="")
+        )
         op.add_column(
             table, sa.Column("slurm_account", sa.String(64), nullable=False, server_default="")
         )

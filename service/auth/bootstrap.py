@@ -1,11 +1,14 @@
 """Mint a token straight into the database: how the first admin token (and the dev cluster's
 agent tokens) come to exist before anyone can call the API.
 
-    python -m service.auth.bootstrap --user admin --team ops --role admin --out admin.token
+    python -m service.auth.bootstrap --user admin --team ops --role admin --out admin.token \
+        [--unix ana [--account ops]]
     python -m service.auth.bootstrap --from-json tokens.json   # many, in one process
 
-The JSON form (a list of {"user", "team", "role", "node", "out"}) is how `runyard dev up`
-mints the admin token and one agent token per node without importing the service.
+The JSON form (a list of {"user", "team", "role", "node", "out", and optionally "unix" and
+"account"}) is how `runyard dev up` mints the admin token, its users' tokens and one agent
+token per node without importing the service. `unix` links the user to the Unix user their
+runs run as (service/identity/), as `runyard admin user link` does once the API is up.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from sqlalchemy.orm import Session
 from service.auth.service import create_token
 from service.auth.tokens import hash_token
 from service.config import Settings
-from service.models import ApiToken, Role
+from service.identity.service import check_unix_user
+from service.models import ApiToken, Role, UserLink
 
 
 def token_file_is_valid(session: Session, path: Path) -> bool:
@@ -52,7 +56,25 @@ def mint_token_file(
         engine.dispose()
 
 
+def link_unix_user(database_url: str, user: str, unix_user: str, account: str | None) -> None:
+    """Link `user` to `unix_user` (and `account`), as `runyard admin user link` does."""
+    check_unix_user(unix_user)
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as session, session.begin():
+            link = session.get(UserLink, user) or UserLink(user=user, linked_by="bootstrap")
+            link.unix_user, link.slurm_account = unix_user, account
+            session.add(link)
+    finally:
+        engine.dispose()
+
+
 def _mint_and_say(database_url: str, wanted: dict[str, str | None]) -> None:
+    if wanted.get("unix"):
+        link_unix_user(
+            database_url, str(wanted["user"]), str(wanted["unix"]), wanted.get("account")
+        )
+        print(f"linked {wanted['user']} to Unix user {wanted['unix']}")
     out = Path(str(wanted["out"]))
     made = mint_token_file(
         database_url,
@@ -73,6 +95,8 @@ def main() -> None:
     parser.add_argument("--role", choices=[r.value for r in Role if r != Role.WORKER])
     parser.add_argument("--node", default=None, help="for agent tokens")
     parser.add_argument("--out", type=Path, help="file to write (mode 0600)")
+    parser.add_argument("--unix", default=None, help="the Unix user the user's runs run as")
+    parser.add_argument("--account", default=None, help="their Slurm account (default: team)")
     args = parser.parse_args()
     database_url = Settings().database_url
     if args.from_json is not None:
@@ -84,7 +108,7 @@ def main() -> None:
     _mint_and_say(
         database_url,
         {"user": args.user, "team": args.team, "role": args.role, "node": args.node,
-         "out": str(args.out)},
+         "out": str(args.out), "unix": args.unix, "account": args.account},
     )  # fmt: skip
 
 

@@ -187,13 +187,13 @@ def sync_run_reservations(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None
             .order_by(Run.id)
         ).all()
         want = {
-            r.reservation: list(r.nodes)
+            r.reservation: (list(r.nodes), r.unix_user)
             for r in held
             if r.reservation and repository.live_attempt(r) is None
         }
-    for name, nodes in want.items():
+    for name, (nodes, unix_user) in want.items():
         assert name is not None
         if sorted(snapshot.reservations.get(name, [])) != sorted(nodes) and (
             nodes or name in snapshot.reservations
         ):
-            ensure_reservation(slurm, name, nodes, snapshot.reservations)
+            ensure_reservation(slurm, name, nodes, snapshot.reservations, [unix_user])

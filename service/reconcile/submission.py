@@ -22,6 +22,7 @@ from contract import StopReason
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
+from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
 from service.recovery import timeline
@@ -34,15 +35,16 @@ from service.runs.service import run_folder
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import AttemptRequest, job_name, write_token_file
+from service.slurm.submit import AttemptRequest, job_name
 
 log = logging.getLogger(__name__)
 # Priority classes on Slurm's side: pending jobs of a lower class queue behind higher ones.
 NICE_BY_PRIORITY = {"prod": 0, "research": 100, "scavenger": 1000}
 
 
-def attempt_request(run: Run, attempt: Attempt) -> AttemptRequest:
-    """What Slurm must give this attempt: the run's nodes, in its own reservation."""
+def attempt_request(run: Run, attempt: Attempt, settings: Settings) -> AttemptRequest:
+    """What Slurm must give this attempt: the run's nodes, in its own reservation, run as
+    its owner and charged to the owner's account."""
     spec = RunSpec.model_validate(run.spec)
     return AttemptRequest(
         run_id=run.id,
@@ -55,6 +57,8 @@ def attempt_request(run: Run, attempt: Attempt) -> AttemptRequest:
         nodelist=",".join(run.nodes),
         reservation=run.reservation,
         nice=NICE_BY_PRIORITY.get(run.priority, 0),
+        owner=owner_of(run, settings),
+        checkpoint_folder=settings.checkpoints_dir / run_folder(run),
         segment=segment_of(run),
     )
 
@@ -86,9 +90,10 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
                 continue  # replica groups: recovery/fast_path.py submits one job per group
             attempt = repository.live_attempt(run)
             if attempt is None:
+                adopt_owner(session, run)  # accepted before runs had owners
                 attempt = new_attempt(session, run, settings)
             if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
-                todo.append(attempt_request(run, attempt))
+                todo.append(attempt_request(run, attempt, settings))
     submit_attempts(slurm, snapshot, todo, settings.slurm_job_prefix, _submission_failed)
 
 
@@ -116,15 +121,16 @@ def submit_attempts(
         try:
             if req.reservation:
                 nodes = reservation_nodes(req) if reservation_nodes else req.nodelist.split(",")
-                ensure_reservation(slurm, req.reservation, nodes, snapshot.reservations)
+                ensure_reservation(
+                    slurm, req.reservation, nodes, snapshot.reservations, [req.owner.unix_user]
+                )
             job_id = orphans.get(req.job_name)
             if job_id is None:
                 # Minted only for a fresh submission: an adopted job already runs on the
                 # token written before the crash, and minting revokes it.
-                write_token_file(req.token_file, mint_worker_token(req.run_id, req.attempt_id))
-                job_id = slurm.submit(req)
+                job_id = slurm.submit(req, mint_worker_token(req.run_id, req.attempt_id))
             else:  # the crash may have come between sbatch and submitit's last step
-                slurm.finish_submission(req.job_folder, {req.attempt_id: job_id})
+                slurm.finish_submission(req.owner, req.job_folder, {req.attempt_id: job_id})
         except SlurmUnreachable as exc:
             # No answer is not a refusal: the attempt stays SUBMITTING, and the next pass
             # adopts the job by its name if the sbatch did queue it, or submits it again.

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
+from service.identity.run_owner import owner_of
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
 from service.reconcile.submission import NICE_BY_PRIORITY, mint_worker_token, new_attempt
@@ -23,10 +24,11 @@ from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
+from service.runs.service import run_folder
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import ArrayRequest, write_token_file
+from service.slurm.submit import ArrayRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,11 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
         if array_id is None:
             # Tokens are minted only for a fresh submission: minting revokes the earlier
             # ones, which the tasks of an adopted array are already using.
-            for task, pair in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
-                write_token_file(req.token_file(task), mint_worker_token(*pair))
+            tokens = [
+                mint_worker_token(*pair) for pair in zip(req.run_ids, req.attempt_ids, strict=True)
+            ]
             try:
-                array_id = slurm.submit_array(req)
+                array_id = slurm.submit_array(req, tokens)
             except SlurmUnreachable as exc:  # not a refusal: found by name or sent again
                 log.warning("sweep %d: Slurm did not answer, next pass: %s", req.sweep_id, exc)
                 continue
@@ -53,7 +56,7 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
                 _array_failed(req, str(exc))
                 continue
         else:  # the crash may have come between sbatch and submitit's last step
-            slurm.finish_submission(req.job_folder, req.task_job_ids(array_id))
+            slurm.finish_submission(req.owner, req.job_folder, req.task_job_ids(array_id))
         _record_array(req, array_id, slurm)
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 
@@ -94,6 +97,12 @@ def _prepare(settings: Settings) -> list[ArrayRequest]:
                     time_limit_min=spec.time_limit_min,
                     max_parallel=sweep.max_parallel,
                     nice=NICE_BY_PRIORITY.get(spec.priority, 0),
+                    owner=owner_of(sweep, settings),
+                    checkpoint_folders=tuple(
+                        settings.checkpoints_dir / run_folder(r)
+                        for r in runs
+                        if r.id in {run_of[a] for a in sweep.array_attempt_ids}
+                    ),
                 )
             )
     return todo
@@ -156,7 +165,7 @@ def hold_array_nodes(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     task's healthy nodes are not taken by other pending jobs before the retry is queued."""
     with session_scope() as session:
         want = [
-            (r.reservation, list(r.nodes))
+            (r.reservation, list(r.nodes), r.unix_user)
             for r in session.scalars(
                 select(Run).where(
                     Run.sweep_id.is_not(None),
@@ -165,7 +174,7 @@ def hold_array_nodes(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
                 )
             )
         ]
-    for name, nodes in want:
+    for name, nodes, unix_user in want:
         assert name is not None
         if nodes and name not in snapshot.reservations:
-            ensure_reservation(slurm, name, nodes, snapshot.reservations)
+            ensure_reservation(slurm, name, nodes, snapshot.reservations, [unix_user])

@@ -202,7 +202,7 @@ def submit_group_attempts(
                         )
             for attempt in live.values():
                 if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
-                    request = attempt_request(run, attempt)
+                    request = attempt_request(run, attempt, settings)
                     todo.append(
                         dataclasses.replace(
                             request,

@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from service.config import Settings
 from service.db import session_scope
+from service.identity.owner import RunOwner
 from service.models import Attempt, AttemptState, Metric, RecoveryAction, Run, RunState
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
@@ -66,8 +67,12 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                 )
 
 
-def collect_stacks(slurm: SlurmClient, job_id: str, attempt_id: int, num_nodes: int) -> str | None:
-    """py-spy dump of every rank, run on the job's own nodes through an overlapping step."""
+def collect_stacks(
+    slurm: SlurmClient, owner: RunOwner, job_id: str, attempt_id: int, num_nodes: int
+) -> str | None:
+    """py-spy dump of every rank, run on the job's own nodes through an overlapping step, as
+    the job's owner (Slurm starts steps in a job for its owner only; py-spy then needs the
+    owner's right to trace their own processes: kernel.yama.ptrace_scope 0)."""
     beside = Path(sys.executable).parent / "py-spy"  # installed with runyard[worker]
     py_spy = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
     script = (
@@ -75,7 +80,7 @@ def collect_stacks(slurm: SlurmClient, job_id: str, attempt_id: int, num_nodes: 
         f'echo "== $(hostname) pid $p"; {py_spy} dump --nonblocking --pid "$p" 2>&1; done'
     )
     try:
-        out = slurm.run_in_job(job_id, num_nodes, script, STACKS_TIMEOUT_S)
+        out = slurm.run_in_job(owner, job_id, num_nodes, script, STACKS_TIMEOUT_S)
     except SlurmError as exc:
         return f"stack collection failed: {exc}"
     return out.strip() or None

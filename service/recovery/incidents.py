@@ -15,6 +15,7 @@ from sqlalchemy.orm import selectinload
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
+from service.identity.run_owner import owner_of
 from service.models import Attempt, Incident, IncidentState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.observability import metrics
@@ -98,8 +99,9 @@ def restart_in_place(item: _Todo, slurm: SlurmClient) -> None:
             if (run and attempt)
             else None
         )
-    if target and incident.kind == "hang" and target[2]:
-        stacks = hangs.collect_stacks(slurm, target[2], target[1], target[3])
+        owner = owner_of(run) if run else None
+    if target and incident.kind == "hang" and target[2] and owner:
+        stacks = hangs.collect_stacks(slurm, owner, target[2], target[1], target[3])
     with session_scope() as session:
         locked = runs_repo.lock_run_and_attempt(session, target[1]) if target else None
         incident = session.get(Incident, item.id, with_for_update=True)  # after the run

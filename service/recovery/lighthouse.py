@@ -71,7 +71,8 @@ def is_alive(pid: int | None) -> bool:
 def start(settings: Settings, run_id: int, min_replicas: int, port: int | None) -> tuple[str, int]:
     """Start a lighthouse for one run; returns (address for the ranks, process id)."""
     port = port or _free_port()
-    folder = settings.jobs_dir / "lighthouses"
+    # The service's own folder: in the shared jobs root, a user could plant a link there.
+    folder = settings.service_dir / "lighthouses"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"run-{run_id}.log", "ab") as out:
         process = subprocess.Popen(

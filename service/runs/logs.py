@@ -2,9 +2,10 @@
 
 submitit writes each task's stdout and stderr to `<job folder>/<job id>_<task>_log.out`, and
 one task is one rank. The job folder is on the file system the service shares with the
-compute nodes (submitit needs it to hand over the job), so the service reads the files
-directly. A client follows a log by asking again from `next_offset`; chunks end at a line
-break when they can, so nobody prints half a line.
+compute nodes and belongs to the run's owner, so the service reads it as the owner
+(service/identity/gate.py), never with its own rights. A client follows a log by asking
+again from `next_offset`; chunks end at a line break when they can, so nobody prints half a
+line.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service.auth.deps import USERS, PrincipalDep
+from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, InvalidSpec, NotFound
+from service.identity.gate import OwnerGate
+from service.identity.run_owner import owner_of
+from service.identity.service import OwnerUnavailable
 from service.models import Attempt, AttemptState, Run, RunState
 from service.runs.service import require_run
+from service.slurm.commands import SlurmError
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[USERS])
 MAX_CHUNK_BYTES = 1 << 20
@@ -49,23 +55,6 @@ def log_path(attempt: Attempt, rank: int) -> Path | None:
     return Path(attempt.job_folder) / f"{attempt.slurm_job_id}_{rank}_log.out"
 
 
-def read_chunk(path: Path, offset: int, limit: int, *, complete: bool) -> tuple[bytes, int]:
-    """Bytes from `offset` (at most `limit`), cut after the last line break unless the file
-    is `complete` and fully read; returns them with the file's size."""
-    with path.open("rb") as f:
-        size = f.seek(0, 2)
-        f.seek(min(offset, size))
-        data = f.read(limit)
-    reached_end = offset + len(data) >= size
-    if complete and reached_end:
-        return data, size
-    if b"\n" in data:
-        return data[: data.rindex(b"\n") + 1], size
-    # No line break: at the end of a live file the line is still being written (wait for
-    # it); short of the end it is a line longer than `limit` (hand it over in pieces).
-    return (b"" if reached_end else data), size
-
-
 def _pick_attempt(run: Run, number: int | None) -> Attempt | None:
     if number is None:
         return run.attempts[-1] if run.attempts else None
@@ -86,10 +75,15 @@ def run_log_chunk(run: Run, number: int | None, rank: int, offset: int, limit: i
     if rank >= num_ranks:
         raise InvalidSpec(f"rank: {rank} is out of range; this attempt has ranks 0-{num_ranks - 1}")
     path = log_path(attempt, rank) if attempt else None
-    data, size = b"", 0
-    exists = path is not None and path.is_file()
-    if exists and path is not None and attempt is not None:
-        data, size = read_chunk(path, offset, limit, complete=attempt.state.is_terminal)
+    data, size, exists = b"", 0, False
+    if path is not None and attempt is not None:
+        # The file is the owner's (written by their job): read with their rights, not ours.
+        try:
+            exists, data, size = OwnerGate(get_settings()).read_log(
+                owner_of(run), path, offset, limit, complete=attempt.state.is_terminal
+            )
+        except SlurmError as exc:  # OwnerAccessError: sudo refused, or the file unreadable
+            raise OwnerUnavailable(f"cannot read {path} as {run.unix_user}: {exc}") from exc
     return LogChunk(
         run_id=run.id,
         run_state=run.state,

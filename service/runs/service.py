@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from contract import (
-    HfCheckpointError,
     ModelShape,
     ParallelLayout,
     Precision,
@@ -16,9 +14,9 @@ from contract import (
     ResumePoint,
     WorkerRunConfig,
     check_dataset,
-    read_hf_checkpoint,
     replica_layout_problems,
 )
+from contract.dataset import BUILTIN_DATA
 from contract.run_config import DataSkip
 from planner.calibration import Calibration
 from planner.hardware import hardware_named
@@ -28,6 +26,9 @@ from service.auth.principal import Principal
 from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
+from service.identity.gate import OwnerGate
+from service.identity.owner import RunOwner
+from service.identity.service import OwnerUnavailable, owner_for
 from service.models import Attempt, Run, RunState, Team
 from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
@@ -36,19 +37,17 @@ from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, HfModelSpec, RunDecision, RunOut, RunSpec
 from service.tracking.spec import unavailable as trackers_unavailable
+from service.slurm.commands import SlurmError
 
 
-def model_shape(spec: RunSpec) -> ModelShape:
-    """The spec's model as a shape; a LayoutError names the field when the worker cannot
+def model_shape(spec: RunSpec) -> ModelShape | None:
+    """The spec's model as a shape, or None for `from_hf` (its config.json is the owner's,
+    read as them: `owner_inputs`); a LayoutError names the field when the worker cannot
     train it."""
     if isinstance(spec.model, ModelShape):
         shape = spec.model
     elif isinstance(spec.model, HfModelSpec):
-        # config.json only (contract/hf_config.py); the worker converts the weights.
-        try:
-            shape = read_hf_checkpoint(Path(spec.model.from_hf))
-        except HfCheckpointError as exc:
-            raise LayoutError("model.from_hf", str(exc)) from None
+        return None
     elif spec.model in MODEL_PRESETS:
         shape = MODEL_PRESETS[spec.model]
     else:
@@ -57,6 +56,39 @@ def model_shape(spec: RunSpec) -> ModelShape:
             f"unknown preset '{spec.model}'; use one of {', '.join(MODEL_PRESETS)} "
             "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}",
         )
+    return shape
+
+
+def owner_inputs(
+    spec: RunSpec, shape: ModelShape | None, owner: RunOwner | None, settings: Settings
+) -> ModelShape:
+    """The model's shape and the data's fit, read from the shared filesystem as the run's
+    owner: a folder the owner cannot read fails here with the OS's words and the path,
+    whatever the service itself could read. Builtin data and a preset read nothing."""
+    if shape is not None and spec.data == BUILTIN_DATA:
+        problems = check_dataset(spec.data, shape, spec.seq_len, spec.eval_every)
+        found: dict[str, Any] = {
+            "shape": None,
+            "problems": [{"field": p.field, "message": p.message} for p in problems],
+        }
+    elif owner is None:
+        raise LayoutError("data", "a spec that names files is planned for its owner only")
+    else:
+        try:
+            found = OwnerGate(settings).inspect(
+                owner,
+                from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
+                model=shape.model_dump(mode="json") if shape else None,
+                data=spec.data,
+                seq_len=spec.seq_len,
+                eval_every=spec.eval_every,
+            )
+        except SlurmError as exc:  # OwnerAccessError among them: sudo refused, no such user
+            raise OwnerUnavailable(str(exc)) from exc
+    for problem in found["problems"]:
+        raise LayoutError(problem["field"], problem["message"])
+    if shape is None:
+        shape = ModelShape.model_validate(found["shape"])
     if shape.mlp != "swiglu":
         raise LayoutError("model.mlp", "the worker trains SwiGLU models only; use mlp: swiglu")
     return shape
@@ -87,13 +119,24 @@ def worker_precision(settings: Settings) -> Precision:
 
 
 def plan_spec(
-    spec: RunSpec, settings: Settings | None = None, calibration: Calibration | None = None
+    spec: RunSpec,
+    settings: Settings | None = None,
+    owner: RunOwner | None = None,
+    calibration: Calibration | None = None,
 ) -> tuple[ModelShape, Resolved]:
     """The layout and plan this spec runs with: every unpinned degree from the planner's
-    search, as `runyard plan` answers. Raises LayoutError naming the spec field to change;
-    the API turns it into a 422 (`resolve`), the reconciler into a reason to wait."""
+    search, as `runyard plan` answers, its files read as `owner`. Raises LayoutError naming
+    the spec field to change; the API turns it into a 422 (`resolve`)."""
     settings = settings or get_settings()
-    shape = model_shape(spec)
+    shape = owner_inputs(spec, model_shape(spec), owner, settings)
+    return shape, plan_layout(spec, shape, settings, calibration)
+
+
+def plan_layout(
+    spec: RunSpec, shape: ModelShape, settings: Settings, calibration: Calibration | None = None
+) -> Resolved:
+    """The layout and plan of a spec whose model shape is known (its inputs were checked at
+    submission): what the reconciler re-plans with when a run shrinks."""
     pinned = {} if spec.parallelism == "auto" else spec.parallelism.model_dump(exclude_none=True)
     if pinned.get("precision") == Precision.FP8 and not fp8_available():
         where = (
@@ -108,14 +151,6 @@ def plan_spec(
             f"{spec.checkpoint_every} is more than steps ({spec.steps}); the run would only "
             "checkpoint at its end",
         )
-    if spec.replica_groups > 1:
-        # Replica groups split data parallel only (contract/fault_tolerance.py): the search
-        # keeps tp, pp and cp at 1 unless the spec pins them (then refused below).
-        pinned = {"tp": 1, "pp": 1, "cp": 1, **pinned}
-    # The data is checked here, from its index.json on the shared filesystem, so a dataset
-    # that does not suit the model is refused at submission, never inside a rank.
-    for problem in check_dataset(spec.data, shape, spec.seq_len, spec.eval_every):
-        raise LayoutError(problem.field, problem.message)
     resolved = resolve_layout(
         shape=shape,
         world_size=spec.nodes * spec.gpus_per_node,
@@ -126,23 +161,34 @@ def plan_spec(
         hardware=settings.hardware,
         network=settings.network,
         worker_precision=worker_precision(settings),
+        # Pinned, none, or (fault_tolerance: auto) chosen with the layout by the planner.
+        replica_groups=spec.planned_replica_groups,
         # This cluster's corrections from its own runs (service/plans/history.py).
         calibration=calibration,
     )
-    # Only a run split into replica groups is limited to data parallel inside each group.
-    problems = replica_layout_problems(resolved.layout, spec.replica_groups)
-    for field, why in problems if spec.replica_groups > 1 else []:
-        name = "fault_tolerance.replica_groups" if field == "dp" else f"parallelism.{field}"
-        raise LayoutError(name, why)
-    return shape, resolved
+    # The contract's rule for the groups, checked again on what the planner chose: any
+    # layout splits, as long as the groups divide its data parallel and the nodes.
+    groups = replica_groups_of(resolved)
+    problems = replica_layout_problems(resolved.layout, groups, spec.nodes) if groups > 1 else []
+    for _, why in problems:
+        raise LayoutError("fault_tolerance.replica_groups", why)
+    return resolved
+
+
+def replica_groups_of(resolved: Resolved) -> int:
+    """The replica groups a resolved run trains as (1: none, classic recovery only)."""
+    return max(1, resolved.plan.fast_replica_groups)
 
 
 def resolve(
-    spec: RunSpec, settings: Settings | None = None, calibration: Calibration | None = None
+    spec: RunSpec,
+    settings: Settings | None = None,
+    owner: RunOwner | None = None,
+    calibration: Calibration | None = None,
 ) -> tuple[ModelShape, Resolved]:
     """`plan_spec` for the API: a spec that cannot run is a 422 naming the field to change."""
     try:
-        return plan_spec(spec, settings, calibration)
+        return plan_spec(spec, settings, owner, calibration)
     except LayoutError as exc:
         raise InvalidSpec(str(exc)) from exc
 
@@ -162,10 +208,11 @@ def decide(
     *,
     quota: bool = True,
 ) -> tuple[ModelShape, Resolved]:
-    """Everything the service decides about a spec before it becomes a run: the layout,
-    the plan, and the team's quota. `--dry-run` stops here."""
+    """Everything the service decides about a spec before it becomes a run: who it runs
+    as, the layout, the plan, and the team's quota. `--dry-run` stops here."""
+    owner = owner_for(session, principal, settings, spec.priority) if principal else None
     calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
-    shape, resolved = resolve(spec, settings, calibration)
+    shape, resolved = resolve(spec, settings, owner, calibration)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     if (problem := trackers_unavailable(spec.tracking, settings)) is not None:
@@ -187,6 +234,7 @@ def dry_run(
         layout=resolved.layout,
         pinned=pinned,
         plan=resolved.plan,
+        replica_groups=replica_groups_of(resolved),
     )
 
 
@@ -200,10 +248,13 @@ def create_run(
 ) -> Run:
     """Resolve, plan and admit one run; `quota=False` when the caller checked it for a group."""
     shape, resolved = decide(session, spec, settings, principal, quota=quota)
+    owner = owner_for(session, principal, settings, spec.priority) if principal else None
     run = Run(
         name=spec.name,
         owner=principal.user if principal else "",
         team=principal.team if principal else "",
+        unix_user=owner.unix_user if owner else "",
+        slurm_account=owner.slurm_account if owner else "",
         priority=spec.priority,
         state=RunState.PENDING,
         state_reason="accepted; waiting for Slurm",
@@ -214,9 +265,15 @@ def create_run(
             "plan": stored_plan(resolved),
             # The interval the ranks start with, and whether the service may move it.
             live_interval.CONFIG_KEY: live_interval.initial_config(spec),
+            # The groups as planned (pinned, or chosen under fault_tolerance: auto).
             **(
-                {"fault_tolerance": spec.fault_tolerance.model_dump(mode="json")}
-                if spec.fault_tolerance and spec.replica_groups > 1
+                {
+                    "fault_tolerance": {
+                        "replica_groups": replica_groups_of(resolved),
+                        "min_healthy_groups": spec.min_healthy_groups,
+                    }
+                }
+                if replica_groups_of(resolved) > 1
                 else {}
             ),
         },
@@ -326,11 +383,12 @@ def worker_config(
     spec = RunSpec.model_validate(run.spec)
     newest = repository.newest_committed_checkpoint(session, run.id)
     replica = None
-    if attempt.replica_group is not None and spec.fault_tolerance is not None:
+    planned = run.config.get("fault_tolerance")  # the groups as planned
+    if attempt.replica_group is not None and planned is not None:
         replica = ReplicaGroupConfig(
             group=attempt.replica_group,
-            groups=spec.fault_tolerance.replica_groups,
-            min_healthy_groups=spec.fault_tolerance.min_healthy_groups,
+            groups=planned["replica_groups"],
+            min_healthy_groups=planned["min_healthy_groups"],
             lighthouse_addr=run.lighthouse_addr or "",
             timeout_s=settings.replica_timeout_s,
             heal_from_peer=attempt.resume_step is None
@@ -357,7 +415,8 @@ def worker_config(
         checkpoint_dir=str(settings.checkpoints_dir / run_folder(run)),
         data=spec.data,
         eval_every=spec.eval_every,
-        data_cache_dir=str(settings.data_cache_dir),
+        # Each owner's own cache: a user's runs never map files another user packed.
+        data_cache_dir=str(settings.data_cache_dir / (run.unix_user or "shared")),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
         init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
         entrypoint=spec.entrypoint,

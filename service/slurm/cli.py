@@ -12,24 +12,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from service.config import Settings
+from service.identity.gate import OwnerGate
+from service.identity.owner import RunOwner
 from service.slurm import commands, queries
 from service.slurm.commands import JobStatus, SlurmNode
-from service.slurm.submit import (
-    ArrayRequest,
-    AttemptRequest,
-    finish_interrupted_submission,
-    submit_array,
-    submit_attempt,
-)
+from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology
 
 
 class CliSlurmClient:
-    """SlurmClient over squeue, scontrol, scancel, srun and sbatch (through submitit)."""
+    """SlurmClient over squeue, scontrol, scancel, srun and sbatch (through submitit). What
+    Slurm lets an operator do (drain, reservations, scancel, queries) the service does as
+    itself; a job's submission and steps inside a job, as the job's owner (OwnerGate)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # Reservations are made for the service's own user: only its jobs may use them.
+        self.owner_gate = OwnerGate(settings)
+        # Reservations are made for the service's own user, and a run's for its owner too.
         self.user = getpass.getuser()
 
     def show_nodes(self) -> list[SlurmNode]:
@@ -50,8 +49,10 @@ class CliSlurmClient:
     def reservations(self) -> dict[str, list[str]]:
         return queries.show_reservations()
 
-    def create_reservation(self, name: str, nodes: Sequence[str]) -> None:
-        commands.create_reservation(name, nodes, self.user)
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], users: Sequence[str] = ()
+    ) -> None:
+        commands.create_reservation(name, nodes, [self.user, *users])
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
         commands.update_reservation(name, nodes)
@@ -59,11 +60,11 @@ class CliSlurmClient:
     def delete_reservation(self, name: str) -> None:
         commands.delete_reservation(name)
 
-    def submit(self, req: AttemptRequest) -> str:
-        return submit_attempt(req, self.settings)
+    def submit(self, req: AttemptRequest, worker_token: str) -> str:
+        return self.owner_gate.submit(req, worker_token)
 
-    def submit_array(self, req: ArrayRequest) -> str:
-        return submit_array(req, self.settings)
+    def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str:
+        return self.owner_gate.submit_array(req, worker_tokens)
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         return queries.squeue(list(job_ids))
@@ -80,11 +81,15 @@ class CliSlurmClient:
     def array_job_by_name(self, name: str) -> str | None:
         return queries.array_job_by_name(name)
 
-    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
-        finish_interrupted_submission(job_folder, job_ids)
+    def finish_submission(
+        self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
+    ) -> None:
+        self.owner_gate.finish_submission(owner, job_folder, job_ids)
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         commands.scancel(job_ids)
 
-    def run_in_job(self, job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
-        return commands.srun_in_job(job_id, num_nodes, script, timeout_s)
+    def run_in_job(
+        self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float
+    ) -> str:
+        return self.owner_gate.srun_in_job(owner, job_id, num_nodes, script, timeout_s)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from service.identity.owner import RunOwner
 from service.slurm.commands import JobStatus, SlurmError, SlurmNode, SlurmUnreachable
 from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology
@@ -56,9 +57,12 @@ class SlurmClient(Protocol):
         """Reservation name -> its nodes, expanded."""
         ...
 
-    def create_reservation(self, name: str, nodes: Sequence[str]) -> None:
-        """Hold `nodes` from now on, for our user only; overlapping reservations allowed. If
-        one of that name exists already (the snapshot was stale), it is set to `nodes`."""
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], users: Sequence[str] = ()
+    ) -> None:
+        """Hold `nodes` from now on, for our user and `users` only (a run's owner, whose jobs
+        run inside it); overlapping reservations allowed. If one of that name exists already
+        (the snapshot was stale), it is set to `nodes`."""
         ...
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
@@ -70,13 +74,15 @@ class SlurmClient(Protocol):
         ...
 
     # Jobs.
-    def submit(self, req: AttemptRequest) -> str:
-        """sbatch one attempt; its job id."""
+    def submit(self, req: AttemptRequest, worker_token: str) -> str:
+        """sbatch one attempt as its owner (`req.owner`), its worker token in its job folder;
+        its job id."""
         ...
 
-    def submit_array(self, req: ArrayRequest) -> str:
-        """sbatch a sweep's job array; the array's job id (task i is `<id>_<i>`, or the id
-        itself for an array of one, see ArrayRequest.task_job_id)."""
+    def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str:
+        """sbatch a sweep's job array as its owner, task i with worker_tokens[i]; the array's
+        job id (task i is `<id>_<i>`, or the id itself for an array of one, see
+        ArrayRequest.task_job_id)."""
         ...
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
@@ -99,7 +105,9 @@ class SlurmClient(Protocol):
         """The id of the job array named `name`, live or recently ended, or None."""
         ...
 
-    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
+    def finish_submission(
+        self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
+    ) -> None:
         """Complete the submission of jobs found queued by name after a crash (`job_ids`:
         attempt id -> job or array task id), so that they can start: whatever the crashed
         submit call had left to do once sbatch had queued them."""
@@ -109,7 +117,10 @@ class SlurmClient(Protocol):
         """scancel these jobs in one call; ones that already ended are ignored."""
         ...
 
-    def run_in_job(self, job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
+    def run_in_job(
+        self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float
+    ) -> str:
         """Run `script` (bash) once on each of the job's nodes, beside its tasks (srun
-        --overlap); stdout and stderr together. Raises SlurmError when it cannot run."""
+        --overlap), as the job's owner; stdout and stderr together. Raises SlurmError when
+        it cannot run."""
         ...

@@ -313,8 +313,8 @@ def show_reservations() -> dict[str, list[str]]:
     return found
 
 
-def create_reservation(name: str, nodes: Sequence[str], user: str) -> None:
-    """A reservation for `user` holding `nodes` from now on; one of that name that already
+def create_reservation(name: str, nodes: Sequence[str], users: Sequence[str]) -> None:
+    """A reservation for `users` holding `nodes` from now on; one of that name that already
     exists (a snapshot older than it) is updated to `nodes` instead."""
     node_arg = f"nodes={','.join(sorted(nodes))}"
     # IGNORE_JOBS: a node may still finish a job of ours; MAINT: reservations may overlap
@@ -328,7 +328,7 @@ def create_reservation(name: str, nodes: Sequence[str], user: str) -> None:
                 node_arg,
                 "starttime=now",
                 "duration=infinite",
-                f"users={user}",
+                f"users={','.join(dict.fromkeys(users))}",
                 "flags=ignore_jobs,maint",
             ]
         )

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.identity.owner import RunOwner
 from service.slurm.commands import (
     DRAIN_PREFIX,
     JobStatus,
@@ -62,6 +63,9 @@ class FakeJob:
     reservation: str | None
     nice: int
     attempt_id: int
+    user: str = ""  # the Unix user it runs as (squeue's %u)
+    account: str = ""  # the Slurm account it is charged to (squeue's %a)
+    worker_token: str = field(default="", repr=False)  # what its job folder's token file holds
     array_id: str | None = None  # for a task of a job array
     max_parallel: int = 0  # of its array; 0: no limit
     state: str = "PENDING"
@@ -95,6 +99,7 @@ class FakeSlurm:
     nodes: dict[str, FakeNode]
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     reservation_nodes: dict[str, list[str]] = field(default_factory=dict)
+    reservation_users: dict[str, list[str]] = field(default_factory=dict)  # besides ours
     stacks: dict[str, str] = field(default_factory=dict)  # job id -> what run_in_job prints
     calls: Counter[str] = field(default_factory=Counter)
     broken: dict[str, str] = field(default_factory=dict)  # call -> the error it raises
@@ -269,11 +274,14 @@ class FakeSlurm:
         self._call("reservations")
         return {name: list(nodes) for name, nodes in self.reservation_nodes.items()}
 
-    def create_reservation(self, name: str, nodes: Sequence[str]) -> None:
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], users: Sequence[str] = ()
+    ) -> None:
         self._call("create_reservation")
         for n in nodes:
             self._node(n)
         self.reservation_nodes[name] = sorted(nodes)
+        self.reservation_users[name] = list(users)
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
         self._call("update_reservation")
@@ -301,7 +309,7 @@ class FakeSlurm:
         self.next_id += 1
         return str(self.next_id - 1)
 
-    def submit(self, req: AttemptRequest) -> str:
+    def submit(self, req: AttemptRequest, worker_token: str) -> str:
         self._call("submit")
         nodelist = [n for n in req.nodelist.split(",") if n]
         self._check_request(nodelist, req.num_nodes, req.reservation)
@@ -314,12 +322,15 @@ class FakeSlurm:
             reservation=req.reservation,
             nice=req.nice,
             attempt_id=req.attempt_id,
+            user=req.owner.unix_user,
+            account=req.owner.slurm_account,
+            worker_token=worker_token,
         )
         if self.submit_answer_lost:
             raise SlurmUnreachable("submit: Socket timed out on send/recv operation")
         return job_id
 
-    def submit_array(self, req: ArrayRequest) -> str:
+    def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str:
         self._call("submit_array")
         nodelist = [n for n in req.nodelist.split(",") if n]
         self._check_request(nodelist, req.num_nodes, req.reservation)
@@ -333,6 +344,8 @@ class FakeSlurm:
                 reservation=req.reservation,
                 nice=req.nice,
                 attempt_id=attempt_id,
+                user=req.owner.unix_user,
+                account=req.owner.slurm_account,
                 array_id=array_id,
                 max_parallel=req.max_parallel,
             )
@@ -357,7 +370,9 @@ class FakeSlurm:
         ids = {j.array_id or j.job_id for j in self._known() if j.name == name}
         return min(ids, key=int) if ids else None
 
-    def finish_submission(self, job_folder: Path, job_ids: Mapping[int, str]) -> None:
+    def finish_submission(
+        self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
+    ) -> None:
         self._call("finish_submission")
         for job_id in job_ids.values():
             if job_id in self.jobs:
@@ -371,7 +386,9 @@ class FakeSlurm:
                 running = job.state == "RUNNING"
                 self.end(job.job_id, "CANCELLED", CANCELLED_EXIT if running else 0)
 
-    def run_in_job(self, job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
+    def run_in_job(
+        self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float
+    ) -> str:
         self._call("run_in_job")
         job = self.jobs.get(job_id)
         if job is None or job.state != "RUNNING":

@@ -24,9 +24,14 @@ def run_reservation(prefix: str, run_id: int) -> str:
 
 
 def ensure_reservation(
-    slurm: SlurmClient, name: str, nodes: Sequence[str], current: dict[str, list[str]]
+    slurm: SlurmClient,
+    name: str,
+    nodes: Sequence[str],
+    current: dict[str, list[str]],
+    users: Sequence[str] = (),
 ) -> None:
     """Make reservation `name` hold exactly `nodes` (create, update or delete); idempotent.
+    `users` besides the service may run jobs in it: a run's owner, in the run's own.
 
     `current` is the tick's snapshot; it is kept up to date here, so a later step of the
     same tick does not act on what an earlier one already changed.
@@ -38,7 +43,7 @@ def ensure_reservation(
     if have is not None and sorted(have) == sorted(nodes):
         return
     if have is None:
-        slurm.create_reservation(name, nodes)
+        slurm.create_reservation(name, nodes, users)
     else:
         slurm.update_reservation(name, nodes)
     current[name] = list(nodes)

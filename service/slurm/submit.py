@@ -7,9 +7,10 @@ import os
 import pickletools
 import re
 import shlex
+import stat
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
+from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.commands import slurm_error
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,31 @@ log = logging.getLogger(__name__)
 # pickle to <job id>_submitted.pkl, which the job waits 60 s for at start before failing.
 _SUBMITIT_TEMPORARY_PICKLE = re.compile(r"[0-9a-f]{32}\.pkl")
 ATTEMPT_ID_FLAG = "--attempt-id"  # worker.entry's; how a pickled command names its attempt
+
+
+# Who a job runs as when a test or a tool builds a request without one (the fake's tests).
+NOBODY = RunOwner(unix_user="", slurm_account="")
+
+
+@dataclass(frozen=True)
+class SubmitSettings:
+    """What a submission needs of the service's settings. It crosses to the process that
+    submits as the run's owner (service/identity/as_owner.py) as JSON, so it is plain data."""
+
+    partition: str
+    api_url: str
+    worker_python: str | None
+    # The owner's files: folders team-readable, nothing for others (docs/install.md).
+    umask: int = 0o027
+
+    @classmethod
+    def of(cls, settings: Settings) -> SubmitSettings:
+        return cls(
+            partition=settings.partition,
+            api_url=settings.api_url,
+            worker_python=settings.worker_python,
+            umask=settings.umask,
+        )
 
 
 @dataclass(frozen=True)
@@ -41,6 +68,9 @@ class AttemptRequest:
     nodelist: str = ""
     reservation: str | None = None
     nice: int = 0  # Slurm's own ordering of pending jobs follows runyard's priority classes
+    owner: RunOwner = NOBODY  # the job runs as this Unix user, charged to its account
+    # Made by the owner before sbatch, so the run's checkpoints are theirs from the start.
+    checkpoint_folder: Path | None = None
     # topology/block: each this many nodes (a model replica's) inside one block, asked as
     # `--segment` (Slurm 24.05+); None elsewhere (service/nodes/topology.py).
     segment: int | None = None
@@ -71,6 +101,8 @@ class ArrayRequest:
     nice: int = 0
     nodelist: str = ""  # array tasks are placed by Slurm; retries are placed by runyard
     reservation: str | None = None
+    owner: RunOwner = NOBODY  # a sweep's runs share their submitter's identity
+    checkpoint_folders: tuple[Path, ...] = field(default_factory=tuple)  # one per run
 
     def token_file(self, task: int) -> Path:
         return self.job_folder / "tokens" / f"{task}.token"
@@ -100,7 +132,9 @@ def sweep_job_name(prefix: str, sweep_id: int) -> str:
     return f"{prefix}-s{sweep_id}"
 
 
-def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) -> dict[str, Any]:
+def sbatch_parameters(
+    req: AttemptRequest | ArrayRequest, settings: SubmitSettings
+) -> dict[str, Any]:
     """The one source of truth for how an attempt is asked of Slurm."""
     params: dict[str, Any] = {
         "job_name": req.job_name,
@@ -123,6 +157,11 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
     # requeueing or failing the job under us. The service stops segments itself, through the
     # ranks' progress replies (reconcile/preemption.py); SIGURG is ignored by every process.
     extra: dict[str, Any] = {"signal": "URG@15"}
+    # Charged to the owner's account, so fair share, QoS limits and sacct see whose it is.
+    if req.owner.slurm_account:
+        extra["account"] = req.owner.slurm_account
+    if req.owner.qos:
+        extra["qos"] = req.owner.qos
     if req.nice:
         extra["nice"] = req.nice
     if req.reservation:
@@ -137,7 +176,9 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
         params.pop("nodelist", None)
     params["additional_parameters"] = extra
     # The token goes through a file, never the command line (visible in ps) or the pickle.
-    params["setup"] = [req.token_setup]
+    # The umask first: logs, results and checkpoints the job writes are the owner's and
+    # readable by the team only (the site's choice: RUNYARD_RUN_UMASK).
+    params["setup"] = [f"umask {settings.umask:04o}", req.token_setup]
     if isinstance(req, ArrayRequest):
         # submitit turns a batch of submissions into `--array=0-(n-1)%array_parallelism`.
         params["array_parallelism"] = req.max_parallel
@@ -148,7 +189,7 @@ def sbatch_parameters(req: AttemptRequest | ArrayRequest, settings: Settings) ->
     return params
 
 
-def worker_command(settings: Settings, attempt_id: int) -> list[str]:
+def worker_command(settings: SubmitSettings, attempt_id: int) -> list[str]:
     python = settings.worker_python or sys.executable
     return [
         python,
@@ -169,9 +210,34 @@ def write_token_file(path: Path, token: str) -> None:
         f.write(token + "\n")
 
 
-def submit_attempt(req: AttemptRequest, settings: Settings) -> str:
-    """sbatch the attempt; returns the Slurm job id. Never call inside a DB transaction."""
-    req.job_folder.mkdir(parents=True, exist_ok=True)
+def prepare_folders(folders: Sequence[Path | None], umask: int) -> None:
+    """Make the run's folders as the calling user (the owner), with the run's umask, and
+    refuse one that exists but belongs to someone else: the job and checkpoint roots are
+    shared (sticky, like /tmp), so another user could have made a run's folder first, to
+    read its files or plant some."""
+    os.umask(umask)
+    for folder in filter(None, folders):
+        folder.mkdir(parents=True, exist_ok=True)
+        found = os.lstat(folder)  # a link is refused: it could lead into anyone's files
+        owner_uid = found.st_uid
+        if stat.S_ISLNK(found.st_mode):
+            raise OwnerAccessError(
+                OwnerFailure.NOT_THEIRS,
+                f"{folder} is a symbolic link, not a folder: remove it and submit again",
+            )
+        if owner_uid != os.geteuid():
+            raise OwnerAccessError(
+                OwnerFailure.NOT_THEIRS,
+                f"{folder} belongs to uid {owner_uid}, not to uid {os.geteuid()} whose run "
+                "this is: remove it or choose another checkpoint root",
+            )
+
+
+def submit_attempt(req: AttemptRequest, settings: SubmitSettings, worker_token: str) -> str:
+    """sbatch the attempt as the calling user; returns the Slurm job id. Never call inside a
+    DB transaction. Runs in the owner's process (service/identity/as_owner.py)."""
+    prepare_folders([req.job_folder.parent, req.job_folder, req.checkpoint_folder], settings.umask)
+    write_token_file(req.token_file, worker_token)
     executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
     executor.update_parameters(**sbatch_parameters(req, settings))
     # No env= here: each task must keep the SLURM_* variables srun gives it.
@@ -183,10 +249,12 @@ def submit_attempt(req: AttemptRequest, settings: Settings) -> str:
     return str(job.job_id)
 
 
-def submit_array(req: ArrayRequest, settings: Settings) -> str:
-    """sbatch one job array, task i running attempt `attempt_ids[i]`; returns the array's
-    job id (task i is `<id>_<i>`). Never call inside a DB transaction."""
-    req.job_folder.mkdir(parents=True, exist_ok=True)
+def submit_array(req: ArrayRequest, settings: SubmitSettings, worker_tokens: Sequence[str]) -> str:
+    """sbatch one job array as the calling user, task i running attempt `attempt_ids[i]`;
+    returns the array's job id (task i is `<id>_<i>`). Never call inside a DB transaction."""
+    prepare_folders([req.job_folder, *req.checkpoint_folders], settings.umask)
+    for task, token in enumerate(worker_tokens):
+        write_token_file(req.token_file(task), token)
     executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
     executor.update_parameters(**sbatch_parameters(req, settings))
     try:
@@ -198,6 +266,48 @@ def submit_array(req: ArrayRequest, settings: Settings) -> str:
     except Exception as exc:  # submitit raises plain exceptions carrying sbatch's stderr
         raise slurm_error(f"sbatch of the job array {req.job_name} failed: {exc}") from exc
     return str(jobs[0].job_id).partition("_")[0]
+
+
+def encode_request(req: AttemptRequest | ArrayRequest) -> dict[str, Any]:
+    """The request as JSON-ready data, for the owner's process."""
+    return json_ready(asdict(req))
+
+
+def decode_attempt_request(data: Mapping[str, Any]) -> AttemptRequest:
+    return AttemptRequest(**_typed(AttemptRequest, data))
+
+
+def decode_array_request(data: Mapping[str, Any]) -> ArrayRequest:
+    return ArrayRequest(**_typed(ArrayRequest, data))
+
+
+def json_ready(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def _typed(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON values back to the dataclass's field types (paths, tuples, the owner)."""
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if f.name in ("job_folder", "checkpoint_folder") and value is not None:
+            value = Path(value)
+        elif f.name == "checkpoint_folders":
+            value = tuple(Path(v) for v in value)
+        elif f.name in ("attempt_ids", "run_ids"):
+            value = tuple(value)
+        elif f.name == "owner":
+            value = RunOwner(**value)
+        out[f.name] = value
+    return out
 
 
 def finish_interrupted_submission(job_folder: Path, job_ids: Mapping[int, str]) -> list[str]:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from service.auth.principal import Principal
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound
+from service.identity.service import owner_for
 from service.models import Run, RunState, Sweep
 from service.runs import repository
 from service.runs.service import cancel_run, check_quota, create_run, dry_run
@@ -32,11 +33,14 @@ def create_sweep(
     members = expand(spec)
     at_once = min(spec.sweep.max_parallel, len(members))
     check_quota(session, principal.team, at_once * spec.nodes * spec.gpus_per_node)
+    owner = owner_for(session, principal, settings, spec.priority)  # the array runs as them
     with session.begin_nested():  # all of the sweep or none of it
         sweep = Sweep(
             name=spec.name,
             owner=principal.user,
             team=principal.team,
+            unix_user=owner.unix_user,
+            slurm_account=owner.slurm_account,
             spec=spec.model_dump(mode="json"),
             max_parallel=spec.sweep.max_parallel,
             array_attempt_ids=[],

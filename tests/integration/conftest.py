@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from client.api import RunyardClient
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster, service_argv
+from client.devcluster.identity import SERVICE_USER, prepare_state_dir
 from planner.presets import MODEL_PRESETS
 from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, wait_for
 
@@ -115,6 +117,11 @@ class ServiceProcess:
                 cwd=REPO_ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # As on the dev cluster and at a site: the service's own unprivileged user,
+                # acting as each run's owner through the one sudoers rule only.
+                user=SERVICE_USER,
+                group=SERVICE_USER,
+                extra_groups=[],
             )
         wait_for("the service to answer /healthz", self.healthy, timeout_s=60)
 
@@ -151,7 +158,12 @@ def service(
     tmp_path_factory: pytest.TempPathFactory,
     admin_token: str,
 ) -> Iterator[ServiceProcess]:
-    state_dir = tmp_path_factory.mktemp("service-state")
+    # Outside pytest's own temporary root (mode 0700, root's): the service's user and the
+    # runs' owners must reach it, as they reach a site's shared filesystem.
+    state_dir = Path(f"/tmp/runyard-tests/{TEST_DATABASE}")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.parent.chmod(0o755)
+    prepare_state_dir(state_dir)
     env = {
         **os.environ,
         "RUNYARD_DATABASE_URL": database_url,
@@ -175,6 +187,7 @@ def service(
     yield svc
     svc.stop()
     clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{TEST_DATABASE}")
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def inject_faults(*faults: str) -> None:

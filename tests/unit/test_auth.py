@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.auth.service import create_token
-from service.models import ApiToken, Attempt, AttemptState, Node, NodeState, Role
+from service.models import ApiToken, Attempt, AttemptState, Node, NodeState, Role, UserLink
 from service.models.base import utcnow
 from tests.conftest import wait_for
 
@@ -66,6 +66,10 @@ POLICY: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/admin/tokens/{token_id}"): ADMINS,
     ("PUT", "/v1/admin/teams/{team}"): ADMINS,
     ("GET", "/v1/admin/audit"): ADMINS,
+    ("PUT", "/v1/admin/users/{user}/link"): ADMINS,
+    ("DELETE", "/v1/admin/users/{user}/link"): ADMINS,
+    ("GET", "/v1/admin/users"): ADMINS,
+    ("GET", "/v1/admin/service-identity"): ADMINS,
     ("GET", "/metrics"): PUBLIC,
 }
 ALLOWED = {
@@ -122,6 +126,9 @@ def world(database_url: str, app: Any) -> Iterator[World]:
         )
         revoked, tokens["revoked"] = create_token(s, user="gone", team="alpha", role=Role.USER)
         revoked.revoked_at = utcnow()
+        for user, unix in (("user-1", "alice"), ("beta-1", "bob")):  # submitters are linked
+            if s.get(UserLink, user) is None:
+                s.add(UserLink(user=user, unix_user=unix, linked_by="test"))
     run_ids = [
         call(app, tokens[who], "POST", "/v1/runs", json=SPEC).json()["id"]
         for who in ("user", "beta")
@@ -188,6 +195,7 @@ def concrete(path: str, world: World) -> str:
         "token_id": 999999,
         "sweep_id": 999999,
         "team": "alpha",
+        "user": "user-1",
     }
     return re.sub(r"\{(\w+)\}", lambda m: str(values[m.group(1)]), path)
 
@@ -290,6 +298,7 @@ def user_of_team_with_quota(app: Any, world: World, team: str, user: str, gpus: 
     admin = world.tokens["admin"]
     call(app, admin, "PUT", f"/v1/admin/teams/{team}", json={"gpu_quota": gpus})
     body = {"user": user, "team": team, "role": "user"}
+    call(app, admin, "PUT", f"/v1/admin/users/{user}/link", json={"unix_user": "alice"})
     return call(app, admin, "POST", "/v1/admin/tokens", json=body).json()["token"]
 
 

@@ -44,26 +44,28 @@ def spec(data: str, vocab: int, **extra: Any) -> dict[str, Any]:
 
 
 def test_a_dataset_that_suits_the_model_is_accepted_with_evaluation(
-    api: Any, tmp_path: Path
+    api: Any, shared_path: Path
 ) -> None:
-    data = prepared(tmp_path / "ok", vocab=1000)
+    data = prepared(shared_path / "ok", vocab=1000)
     created = api.post("/v1/runs", json=spec(data, vocab=1024, eval_every=5))
     assert created.status_code == 201, created.text
     assert created.json()["spec"]["eval_every"] == 5
 
 
 def test_a_vocabulary_the_model_cannot_embed_is_refused_at_submission(
-    api: Any, tmp_path: Path
+    api: Any, shared_path: Path
 ) -> None:
-    data = prepared(tmp_path / "wide", vocab=128_256)
+    data = prepared(shared_path / "wide", vocab=128_256)
     refused = api.post("/v1/runs", json=spec(data, vocab=32_000))
     assert refused.status_code == 422
     assert refused.json()["detail"].startswith("model.vocab: "), refused.text
     assert "128256 token ids" in refused.json()["detail"]
 
 
-def test_a_folder_that_was_never_prepared_is_refused_naming_data(api: Any, tmp_path: Path) -> None:
-    refused = api.post("/v1/runs/dry-run", json=spec(str(tmp_path / "nothing"), vocab=1024))
+def test_a_folder_that_was_never_prepared_is_refused_naming_data(
+    api: Any, shared_path: Path
+) -> None:
+    refused = api.post("/v1/runs/dry-run", json=spec(str(shared_path / "nothing"), vocab=1024))
     assert refused.status_code == 422
     assert refused.json()["detail"].startswith("data: ") and "runyard data prepare" in refused.text
 

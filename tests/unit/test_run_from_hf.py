@@ -32,8 +32,8 @@ def spec(model: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_a_llama_checkpoint_is_planned_with_its_own_shape(api: Any, tmp_path: Path) -> None:
-    folder = hf_folder(tmp_path / "llama")
+def test_a_llama_checkpoint_is_planned_with_its_own_shape(api: Any, shared_path: Path) -> None:
+    folder = hf_folder(shared_path / "llama")
     created = api.post("/v1/runs", json=spec({"from_hf": folder}))
     assert created.status_code == 201, created.text
     shape = created.json()["model_shape"]
@@ -45,10 +45,10 @@ def test_a_llama_checkpoint_is_planned_with_its_own_shape(api: Any, tmp_path: Pa
 
 
 def test_transformers_4_top_level_rope_theta_and_tied_embeddings_are_accepted(
-    api: Any, tmp_path: Path
+    api: Any, shared_path: Path
 ) -> None:
     config = {"rope_parameters": None, "rope_theta": 500000.0, "tie_word_embeddings": True}
-    folder = hf_folder(tmp_path / "llama", **config)
+    folder = hf_folder(shared_path / "llama", **config)
     decided = api.post("/v1/runs/dry-run", json=spec({"from_hf": folder}))
     assert decided.status_code == 200, decided.text
     assert decided.json()["model"]["rope_theta"] == 500000.0
@@ -62,23 +62,23 @@ def refusal(api: Any, folder: str) -> str:
     return detail
 
 
-def test_scaled_rope_is_refused_naming_the_field(api: Any, tmp_path: Path) -> None:
+def test_scaled_rope_is_refused_naming_the_field(api: Any, shared_path: Path) -> None:
     llama31 = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}
-    folder = hf_folder(tmp_path / "llama31", rope_parameters=llama31)
+    folder = hf_folder(shared_path / "llama31", rope_parameters=llama31)
     assert "'llama3'" in refusal(api, folder)
 
 
-def test_another_architecture_is_refused(api: Any, tmp_path: Path) -> None:
-    assert "'mistral'" in refusal(api, hf_folder(tmp_path / "m", model_type="mistral"))
-    assert "attention_bias" in refusal(api, hf_folder(tmp_path / "b", attention_bias=True))
+def test_another_architecture_is_refused(api: Any, shared_path: Path) -> None:
+    assert "'mistral'" in refusal(api, hf_folder(shared_path / "m", model_type="mistral"))
+    assert "attention_bias" in refusal(api, hf_folder(shared_path / "b", attention_bias=True))
 
 
-def test_a_folder_without_safetensors_is_refused(api: Any, tmp_path: Path) -> None:
-    folder = hf_folder(tmp_path / "bin", weights="pytorch_model.bin")
+def test_a_folder_without_safetensors_is_refused(api: Any, shared_path: Path) -> None:
+    folder = hf_folder(shared_path / "bin", weights="pytorch_model.bin")
     assert "only safetensors" in refusal(api, folder)
-    assert "not a Hugging Face model folder" in refusal(api, str(tmp_path / "nothing"))
+    assert "not a Hugging Face model folder" in refusal(api, str(shared_path / "nothing"))
 
 
-def test_a_shape_the_worker_cannot_build_is_refused(api: Any, tmp_path: Path) -> None:
-    folder = hf_folder(tmp_path / "odd", num_key_value_heads=3)
+def test_a_shape_the_worker_cannot_build_is_refused(api: Any, shared_path: Path) -> None:
+    folder = hf_folder(shared_path / "odd", num_key_value_heads=3)
     assert "divisible by kv_heads" in refusal(api, folder)

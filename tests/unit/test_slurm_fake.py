@@ -50,8 +50,8 @@ def test_the_fake_is_a_slurm_client() -> None:
 
 def test_a_job_runs_on_its_nodes_exclusively_and_prints_like_squeue() -> None:
     slurm = FakeSlurm.cluster(num_switches=2, nodes_per_switch=2)
-    first = slurm.submit(attempt("a", ["gpu001", "gpu002"]))
-    second = slurm.submit(attempt("b", ["gpu002", "gpu003"]))
+    first = slurm.submit(attempt("a", ["gpu001", "gpu002"]), "token")
+    second = slurm.submit(attempt("b", ["gpu002", "gpu003"]), "token")
     assert slurm.schedule() == [first]
     queue = slurm.queue([first, second])
     assert queue[first].state == "RUNNING" and queue[first].node_list == "gpu[001-002]"
@@ -72,7 +72,7 @@ def test_a_job_runs_on_its_nodes_exclusively_and_prints_like_squeue() -> None:
 
 def test_a_drained_node_keeps_its_job_and_takes_no_new_one() -> None:
     slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=2)
-    job = slurm.submit(attempt("a", ["gpu001"]))
+    job = slurm.submit(attempt("a", ["gpu001"]), "token")
     slurm.schedule()
     slurm.drain("gpu001", "xid 79")
     node = next(n for n in slurm.show_nodes() if n.name == "gpu001")
@@ -80,7 +80,7 @@ def test_a_drained_node_keeps_its_job_and_takes_no_new_one() -> None:
     assert slurm.queue([job])[job].state == "RUNNING"
     slurm.cancel([job])
     assert slurm.job_details([job])[job].exit_code == CANCELLED_EXIT
-    again = slurm.submit(attempt("b", ["gpu001"]))
+    again = slurm.submit(attempt("b", ["gpu001"]), "token")
     assert slurm.schedule() == []
     slurm.resume("gpu001")
     assert slurm.schedule() == [again]
@@ -89,21 +89,23 @@ def test_a_drained_node_keeps_its_job_and_takes_no_new_one() -> None:
 def test_reservations_keep_other_jobs_off_and_their_own_jobs_in() -> None:
     slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=3)
     slurm.create_reservation("runyard-run1", ["gpu001", "gpu002"])
-    outside = slurm.submit(attempt("other", ["gpu002"]))
-    inside = slurm.submit(attempt("ours", ["gpu001", "gpu002"], reservation="runyard-run1"))
+    outside = slurm.submit(attempt("other", ["gpu002"]), "token")
+    inside = slurm.submit(
+        attempt("ours", ["gpu001", "gpu002"], reservation="runyard-run1"), "token"
+    )
     assert slurm.schedule() == [inside]
     assert slurm.job_details([outside])[outside].state == "PENDING"
     with pytest.raises(SlurmError, match="reservation is invalid"):
-        slurm.submit(attempt("x", ["gpu001"], reservation="runyard-run9"))
+        slurm.submit(attempt("x", ["gpu001"], reservation="runyard-run9"), "token")
     with pytest.raises(SlurmError, match="node configuration is not available"):
-        slurm.submit(attempt("x", ["gpu003"], reservation="runyard-run1"))
+        slurm.submit(attempt("x", ["gpu003"], reservation="runyard-run1"), "token")
     with pytest.raises(SlurmError, match="Invalid node name"):
-        slurm.submit(attempt("x", ["gpu999"]))
+        slurm.submit(attempt("x", ["gpu999"]), "token")
 
 
 def test_a_node_failure_ends_its_job_node_fail_and_leaves_the_node_down() -> None:
     slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=2)
-    job = slurm.submit(attempt("a", ["gpu001", "gpu002"]))
+    job = slurm.submit(attempt("a", ["gpu001", "gpu002"]), "token")
     slurm.schedule()
     slurm.fail_node("gpu002")
     assert slurm.job_details([job])[job].state == "NODE_FAIL"
@@ -114,19 +116,19 @@ def test_a_node_failure_ends_its_job_node_fail_and_leaves_the_node_down() -> Non
 
 def test_an_array_runs_at_most_max_parallel_tasks_and_is_found_by_name() -> None:
     slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=4)
-    array_id = slurm.submit_array(array("runyard-s1", num_tasks=3, max_parallel=2))
+    array_id = slurm.submit_array(array("runyard-s1", num_tasks=3, max_parallel=2), [])
     assert slurm.schedule() == [f"{array_id}_0", f"{array_id}_1"]
     assert slurm.array_job_by_name("runyard-s1") == array_id
     assert slurm.array_job_by_name("runyard-s2") is None
     slurm.finish(f"{array_id}_0")
     assert slurm.schedule() == [f"{array_id}_2"]
-    one = slurm.submit_array(array("runyard-s2", num_tasks=1, max_parallel=1))
+    one = slurm.submit_array(array("runyard-s2", num_tasks=1, max_parallel=1), [])
     assert one in slurm.jobs and slurm.array_job_by_name("runyard-s2") == one
 
 
 def test_forgotten_jobs_and_outages() -> None:
     slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=1)
-    job = slurm.submit(attempt("runyard-r1-a1", ["gpu001"]))
+    job = slurm.submit(attempt("runyard-r1-a1", ["gpu001"]), "token")
     assert slurm.jobs_by_name("runyard-") == {"runyard-r1-a1": job}
     slurm.finish(job, exit_code=3)
     assert slurm.jobs_by_name("runyard-") == {"runyard-r1-a1": job}  # ended, remembered
@@ -143,7 +145,9 @@ def test_a_full_size_cluster_schedules_ten_thousand_jobs_fast() -> None:
     so a simulation can run many ticks."""
     slurm = FakeSlurm.cluster(num_switches=40, nodes_per_switch=32)
     jobs = [
-        slurm.submit(attempt(f"j{i}", [f"gpu{(i * 4) % 1280 + k + 1:04d}" for k in range(4)]))
+        slurm.submit(
+            attempt(f"j{i}", [f"gpu{(i * 4) % 1280 + k + 1:04d}" for k in range(4)]), "token"
+        )
         for i in range(10_000)
     ]
     started_at = time.perf_counter()

@@ -43,7 +43,8 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     from submitit.slurm.slurm import _make_sbatch_string
 
     from service.config import get_settings
-    from service.slurm.submit import ArrayRequest, sbatch_parameters
+    from service.identity.owner import RunOwner
+    from service.slurm.submit import ArrayRequest, SubmitSettings, sbatch_parameters
 
     req = ArrayRequest(
         sweep_id=7,
@@ -55,11 +56,15 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
         ranks_per_node=1,
         time_limit_min=30,
         max_parallel=2,
+        owner=RunOwner(unix_user="alice", slurm_account="vision", qos="high"),
     )
-    params = sbatch_parameters(req, get_settings())
+    params = sbatch_parameters(req, SubmitSettings.of(get_settings()))
     assert "nodelist" not in params and "reservation" not in params["additional_parameters"]
     script = _make_sbatch_string(command="true", folder=req.job_folder, map_count=3, **params)
     assert "#SBATCH --array=0-2%2" in script
+    # Charged to the owner's account and QoS; the job's files get the run's umask first.
+    assert "#SBATCH --account=vision" in script and "#SBATCH --qos=high" in script
+    assert script.index("umask 0027") < script.index("RUNYARD_TOKEN")
     assert f"#SBATCH --output={req.job_folder}/%A_%a_0_log.out" in script
     tokens = req.job_folder / "tokens"
     assert f'export RUNYARD_TOKEN="$(cat {tokens}/"${{SLURM_ARRAY_TASK_ID:-0}}".token)"' in script
@@ -69,7 +74,7 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     alone = replace(req, attempt_ids=(11,), run_ids=(1,))
     assert alone.task_job_id("41", 0) == "41" and alone.token_file(0) == tokens / "0.token"
     assert "--switches" not in script  # one node per task: nothing to keep together
-    wide = sbatch_parameters(replace(req, num_nodes=4), get_settings())
+    wide = sbatch_parameters(replace(req, num_nodes=4), SubmitSettings.of(get_settings()))
     assert wide["additional_parameters"]["switches"] == "1@05:00"
 
 

@@ -9,6 +9,7 @@ pickle to the name of the job that runs its attempt, without loading it.
 
 from __future__ import annotations
 
+import getpass
 import os
 import pickle
 import uuid
@@ -19,8 +20,9 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
+from service.identity.owner import RunOwner
 from service.slurm.cli import CliSlurmClient
-from service.slurm.submit import finish_interrupted_submission, worker_command
+from service.slurm.submit import SubmitSettings, finish_interrupted_submission, worker_command
 
 
 def cut_off_submission(folder: Path, attempt_id: int, python: str = "python3") -> Path:
@@ -30,7 +32,9 @@ def cut_off_submission(folder: Path, attempt_id: int, python: str = "python3") -
         state_dir=folder, accelerator="cpu", run_reconciler=False, worker_python=python
     )
     path = folder / f"{uuid.uuid4().hex}.pkl"
-    delayed = DelayedSubmission(CommandFunction(worker_command(settings, attempt_id)))
+    delayed = DelayedSubmission(
+        CommandFunction(worker_command(SubmitSettings.of(settings), attempt_id))
+    )
     delayed.set_timeout(60, 3)
     delayed.dump(path)
     return path
@@ -118,5 +122,7 @@ def test_an_attempt_id_pickled_once_and_fetched_again_is_still_read(
 def test_the_real_slurm_client_finishes_an_adopted_submission(tmp_path: Path) -> None:
     temporary = cut_off_submission(tmp_path, 21)
     settings = Settings(state_dir=tmp_path, accelerator="cpu", run_reconciler=False)
-    CliSlurmClient(settings).finish_submission(tmp_path, {21: "1800"})
+    # As the owner: here the caller itself, so the owner's program runs without sudo.
+    owner = RunOwner(unix_user=getpass.getuser(), slurm_account="ops")
+    CliSlurmClient(settings).finish_submission(owner, tmp_path, {21: "1800"})
     assert os.path.samefile(submitted(tmp_path, "1800"), temporary)

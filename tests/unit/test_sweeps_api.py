@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.auth.principal import Principal
 from service.config import get_settings
-from service.models import Role, Run, RunState, Sweep
+from service.models import Role, Run, RunState, Sweep, UserLink
 from service.runs.lifecycle import set_run_state
 from service.sweeps.schemas import SweepSpec
 from service.sweeps.service import cancel_sweep, create_sweep, members
@@ -92,6 +92,8 @@ def test_cancel_leaves_a_member_that_ended_meanwhile_as_it_ended(database_url: s
     principal = Principal(token_id=0, user="ann", team="race", role=Role.USER)
     spec = SweepSpec.model_validate(sweep_spec({"seed": [1, 2]}, name="race"))
     with Session(engine) as s, s.begin():
+        if s.get(UserLink, "ann") is None:  # submitters are linked (service/identity/)
+            s.add(UserLink(user="ann", unix_user="alice", linked_by="test"))
         sweep, runs = create_sweep(s, spec, get_settings(), principal)
         for run in runs:
             set_run_state(s, run, RunState.RUNNING, "training")

@@ -20,9 +20,10 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import service.db
+from service.auth.principal import Principal
 from service.config import Settings
 from service.db import session_scope
-from service.models import Attempt, Incident, Node, Run, RunEvent
+from service.models import Attempt, Incident, Node, Role, Run, RunEvent, UserLink
 from service.reconcile import placement, submission
 from service.reconcile.loop import Reconciler
 from service.recovery import spares
@@ -53,6 +54,19 @@ def db(database_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[ses
             yield factory
         finally:
             outer.rollback()
+
+
+# Who the decision tests' runs belong to: a user linked to a Unix user, as every submitter
+# must be (service/identity/); the fake Slurm records whom each job runs as.
+OWNER = Principal(token_id=0, user="alice", team="vision", role=Role.USER)
+
+
+def link_owner(session: Session, user: str, unix_user: str) -> None:
+    """The user's link, as `runyard admin user link` writes it (no check of the Unix user:
+    the fake Slurm runs nothing)."""
+    if session.get(UserLink, user) is None:
+        session.add(UserLink(user=user, unix_user=unix_user, linked_by="test"))
+        session.flush()
 
 
 class Cluster:
@@ -118,11 +132,11 @@ class Cluster:
             run = repository.get_run(session, run_id, for_update=True)
             assert run is not None
             request = submission.attempt_request(
-                run, submission.new_attempt(session, run, self.settings)
+                run, submission.new_attempt(session, run, self.settings), self.settings
             )
         assert request.reservation is not None
         self.slurm.create_reservation(request.reservation, request.nodelist.split(","))
-        job = self.slurm.submit(request)
+        job = self.slurm.submit(request, "token")
         if cut_short:  # died before submitit renamed its pickle
             self.slurm.cut_submission_short([job])
         return job
@@ -143,7 +157,8 @@ class Cluster:
             **spec,
         }
         with session_scope() as session:
-            return create_run(session, RunSpec.model_validate(fields), self.settings).id
+            link_owner(session, OWNER.user, "alice")
+            return create_run(session, RunSpec.model_validate(fields), self.settings, OWNER).id
 
     def set_spares(self, size: int) -> None:
         with session_scope() as session:

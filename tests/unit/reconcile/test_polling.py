@@ -11,7 +11,7 @@ from service.models import AttemptState, Role, RunState
 from service.slurm.submit import ArrayRequest
 from service.sweeps.schemas import SweepSpec
 from service.sweeps.service import create_sweep
-from tests.unit.reconcile.conftest import PREFIX, Cluster
+from tests.unit.reconcile.conftest import PREFIX, Cluster, link_owner
 from tests.unit.reconcile.test_submission import tokens_of
 
 
@@ -42,6 +42,7 @@ def submit_sweep(cluster: Cluster, max_parallel: int) -> list[int]:
     )
     owner = Principal(token_id=0, user="alice", team="ml", role=Role.USER)
     with session_scope() as session:
+        link_owner(session, "alice", "alice")
         _, runs = create_sweep(session, spec, cluster.settings, owner)
         return [r.id for r in runs]
 
@@ -69,8 +70,8 @@ def test_an_array_queued_before_a_crash_is_adopted_with_its_tokens(
     runs = submit_sweep(cluster, max_parallel=3)
     sbatch = cluster.slurm.submit_array
 
-    def sbatch_then_die(req: ArrayRequest) -> str:
-        array_id = sbatch(req)
+    def sbatch_then_die(req: ArrayRequest, tokens: list[str]) -> str:
+        array_id = sbatch(req, tokens)
         cluster.slurm.cut_submission_short(
             [job.job_id for job in cluster.slurm.jobs.values() if job.array_id == array_id]
         )

@@ -7,9 +7,9 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from contract import StopReason
+from service.auth.tokens import hash_token
 from service.db import session_scope
 from service.models import ApiToken, AttemptState, RunState
-from service.reconcile import submission
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -113,10 +113,14 @@ def test_when_slurm_cannot_list_the_queue_nothing_is_submitted_blind(cluster: Cl
     cluster.tick()
     assert cluster.slurm.calls["submit"] == 1
     assert cluster.attempts(run_id)[0].state == AttemptState.PENDING
-    # A fresh submission gets a worker token, written where the batch script reads it.
+    # A fresh submission gets a worker token, handed to the submission made as the owner
+    # (which writes it where the batch script reads it), and the job runs as the owner.
     (token,) = tokens_of(attempt.id)
     assert token.revoked_at is None
-    assert submission.attempt_request(cluster.run(run_id), attempt).token_file.exists()
+    (job,) = cluster.slurm.jobs.values()
+    assert hash_token(job.worker_token) == token.token_hash
+    run = cluster.run(run_id)
+    assert (job.user, job.account) == (run.unix_user, run.slurm_account) != ("", "")
 
 
 def test_a_refused_sbatch_fails_the_run_with_slurms_reason(cluster: Cluster) -> None:

@@ -1,0 +1,139 @@
+"""Who the service runs as and whom it can act as (docs/install.md, "Who a run runs as"):
+never root, its secrets its own, and through the one sudoers rule, each linked user and
+nobody else. The doctor asks the service who it is, then (when run as root, as the install
+steps are) runs the owner's program as the service's user, the way the service does."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from client.api import ApiError, RunyardClient
+from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
+
+ID = Area.IDENTITY
+OWNER_PROGRAM = ["-I", "-m", "service.identity.as_owner"]
+
+
+def owner_python(settings: SiteSettings) -> str:
+    """The interpreter the sudoers rule names: RUNYARD_OWNER_PYTHON, else the service's own
+    environment's bin/python3 (the doctor runs from the same virtualenv)."""
+    named = settings.extra.get("RUNYARD_OWNER_PYTHON")
+    return named or str(Path(sys.prefix) / "bin" / "python3")
+
+
+def act_as(service_user: str, owner: str, python: str) -> tuple[int | None, str]:
+    """As `service_user`, run the owner's program as `owner` through sudo, as the service
+    does: the uid it ran as, or None and what sudo or the program said."""
+    argv = [shutil.which("sudo") or "sudo", "-n", "-u", owner, "--", python, *OWNER_PROGRAM]
+    try:
+        done = subprocess.run(
+            argv,
+            input=json.dumps({"op": "whoami", "args": {}}),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            user=service_user,
+            extra_groups=[],
+            cwd="/",
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        return int(answer["result"]["uid"]), ""
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None, " ".join(done.stderr.split())[-300:] or f"exit {done.returncode}"
+
+
+def check_identity(settings: SiteSettings, client: RunyardClient | None = None) -> list[Check]:
+    client = client or RunyardClient(settings.service_url, timeout_s=10)
+    try:
+        me = client.service_identity()
+        links = client.list_users()
+    except ApiError as exc:
+        why = f"cannot ask the service: {exc.message}"
+        return [
+            skipped(ID, "service user", why),
+            skipped(ID, "acts as its users", why),
+        ]
+    checks = [_service_user(me)]
+    checks.append(_secrets(settings, me["unix_user"]))
+    if os.geteuid() != 0:
+        checks.append(
+            Check(ID, "acts as its users", Status.WARN, "not checked: run the doctor as root")
+        )
+        return checks
+    if me["is_root"]:
+        checks.append(skipped(ID, "acts as its users", "the service runs as root"))
+        return checks
+    checks.append(_acts_as_its_users(settings, me["unix_user"], [u["unix_user"] for u in links]))
+    return checks
+
+
+def _service_user(me: dict[str, object]) -> Check:
+    if me["is_root"]:
+        return failed(
+            ID,
+            "service user",
+            "the service runs as root: it could run any team's code, and a bug in it could "
+            "do anything to the cluster",
+            "run it as its own user: `User=runyard` in runyard.service (docs/install.md, "
+            "steps 3 and 5)",
+        )
+    return passed(ID, "service user", f"{me['unix_user']} (uid {me['uid']}), not root")
+
+
+def _secrets(settings: SiteSettings, service_user: str) -> Check:
+    """The settings file holds the database URL: the service's alone."""
+    path = settings.settings_file
+    if path is None or not path.exists():
+        return Check(ID, "secrets", Status.SKIP, "no settings file to check")
+    found = path.stat()
+    owner = pwd.getpwuid(found.st_uid).pw_name
+    if found.st_mode & 0o077 or owner != service_user:
+        return failed(
+            ID,
+            "secrets",
+            f"{path} is {found.st_mode & 0o777:04o} and {owner}'s: others may read the "
+            "database URL",
+            f"chown {service_user} {path} && chmod 0600 {path}",
+        )
+    return passed(ID, "secrets", f"{path} readable by {service_user} only")
+
+
+def _acts_as_its_users(settings: SiteSettings, service_user: str, owners: list[str]) -> Check:
+    python = owner_python(settings)
+    uid, said = act_as(service_user, "root", python)
+    if uid is not None:
+        return failed(
+            ID,
+            "acts as its users",
+            f"{service_user} may run the owner's program as root: a run could be root",
+            "the sudoers rule's Runas list must be the group of runyard's users only, "
+            "without root (docs/install.md step 3)",
+        )
+    broken = []
+    for owner in sorted(set(owners)):
+        uid, said = act_as(service_user, owner, python)
+        if uid is None or uid != pwd.getpwnam(owner).pw_uid:
+            broken.append(f"{owner}: {said or f'ran as uid {uid}'}")
+    if broken:
+        return failed(
+            ID,
+            "acts as its users",
+            "; ".join(broken),
+            "add the sudoers rule and put each linked user in the runyard-users group "
+            f"(docs/install.md step 3): {service_user} ALL=(%runyard-users) NOPASSWD: "
+            f"{python} {' '.join(OWNER_PROGRAM)}",
+        )
+    if not owners:
+        return Check(ID, "acts as its users", Status.WARN, "no user is linked yet")
+    return passed(
+        ID, "acts as its users", f"as {', '.join(sorted(set(owners)))}; never as root"
+    )

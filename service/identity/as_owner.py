@@ -1,0 +1,162 @@
+"""What the service does as a run's owner: the one program the sudoers rule lets it run as
+another user (`sudo -n -u <owner> <python> -I -m service.identity.as_owner`).
+
+It reads one JSON request on stdin, performs one operation with the owner's rights, and
+prints one JSON answer: `{"ok": true, "result": ...}` or `{"ok": false, "failure": <an
+OwnerFailure>, "message": "..."}`. The operations are the service's only contact with a
+user's files and a user's jobs that Slurm does not let an operator make itself:
+- `submit`, `submit_array`: make the run's folders, write the worker token(s), sbatch
+  through submitit; the job runs as the owner, charged to the owner's account;
+- `finish_submission`: the adoption step after a crash (service/slurm/submit.py);
+- `inspect`: read a `from_hf` config and a prepared dataset's index at submission;
+- `read_log`: a chunk of one rank's output;
+- `srun_in_job`: a script beside the job's tasks (stack dumps of a hung run);
+- `whoami`: who it runs as (`runyard doctor` checks the sudoers rule with it).
+
+The OS decides: a path the owner cannot read fails here with the OS's own words, whatever
+the service could read itself. `-I` keeps the caller's environment and working directory
+out of the import path; the request carries the few settings each operation needs.
+Imports are made per operation, so reading a log chunk costs an interpreter start only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Request = dict[str, Any]
+
+
+def _slurm_environment(request: Request) -> None:
+    """sudo reset the environment: give Slurm's commands their config and binaries back."""
+    if request.get("slurm_conf"):
+        os.environ["SLURM_CONF"] = request["slurm_conf"]
+        os.environ["RUNYARD_SLURM_CONF"] = request["slurm_conf"]
+    if request.get("search_path"):
+        os.environ["PATH"] = request["search_path"]
+    os.environ.update(request.get("job_env") or {})  # sbatch hands its environment to the job
+
+
+def submit(request: Request) -> Any:
+    from service.slurm.submit import SubmitSettings, decode_attempt_request, submit_attempt
+
+    _slurm_environment(request)
+    args = request["args"]
+    req = decode_attempt_request(args["request"])
+    return submit_attempt(req, SubmitSettings(**request["settings"]), args["worker_token"])
+
+
+def submit_array(request: Request) -> Any:
+    from service.slurm.submit import SubmitSettings, decode_array_request
+    from service.slurm.submit import submit_array as sbatch_array
+
+    _slurm_environment(request)
+    args = request["args"]
+    req = decode_array_request(args["request"])
+    return sbatch_array(req, SubmitSettings(**request["settings"]), args["worker_tokens"])
+
+
+def finish_submission(request: Request) -> Any:
+    from service.slurm.submit import finish_interrupted_submission
+
+    args = request["args"]
+    job_ids = {int(attempt): job for attempt, job in args["job_ids"].items()}
+    return finish_interrupted_submission(Path(args["job_folder"]), job_ids)
+
+
+def inspect(request: Request) -> Any:
+    """A spec's inputs as its owner sees them: the `from_hf` shape and the dataset's fit."""
+    from contract import HfCheckpointError, ModelShape, check_dataset, read_hf_checkpoint
+
+    args = request["args"]
+    problems: list[dict[str, str]] = []
+    shape: ModelShape | None = None
+    if args.get("from_hf"):
+        try:
+            shape = read_hf_checkpoint(Path(args["from_hf"]))
+        except HfCheckpointError as exc:
+            problems.append({"field": "model.from_hf", "message": str(exc)})
+    else:
+        shape = ModelShape.model_validate(args["model"])
+    if shape is not None:
+        found = check_dataset(args["data"], shape, args["seq_len"], args["eval_every"])
+        problems += [{"field": p.field, "message": p.message} for p in found]
+    return {"shape": shape.model_dump(mode="json") if shape else None, "problems": problems}
+
+
+def read_log(request: Request) -> Any:
+    from service.runs.log_files import read_chunk
+
+    args = request["args"]
+    path = Path(args["path"])
+    if not path.is_file():
+        return {"exists": False, "data": "", "size": 0}
+    data, size = read_chunk(path, args["offset"], args["limit"], complete=args["complete"])
+    return {"exists": True, "data": base64.b64encode(data).decode(), "size": size}
+
+
+def srun_in_job(request: Request) -> Any:
+    from service.slurm.commands import srun_in_job as run
+
+    _slurm_environment(request)
+    args = request["args"]
+    return run(args["job_id"], args["num_nodes"], args["script"], args["timeout_s"])
+
+
+def whoami(request: Request) -> Any:
+    """Who this program runs as: how `runyard doctor` checks the sudoers rule."""
+    import pwd
+
+    return {"uid": os.geteuid(), "user": pwd.getpwuid(os.geteuid()).pw_name}
+
+
+OPERATIONS: dict[str, Callable[[Request], Any]] = {
+    "whoami": whoami,
+    "submit": submit,
+    "submit_array": submit_array,
+    "finish_submission": finish_submission,
+    "inspect": inspect,
+    "read_log": read_log,
+    "srun_in_job": srun_in_job,
+}
+
+
+def answer(request: Request) -> dict[str, Any]:
+    """Perform one request; every failure is an answer, never a traceback on stderr."""
+    from service.identity.owner import OwnerAccessError, OwnerFailure
+    from service.slurm.commands import SlurmError
+
+    operation = OPERATIONS.get(request.get("op", ""))
+    if operation is None:
+        return {"ok": False, "failure": OwnerFailure.INVALID, "message": "unknown operation"}
+    try:
+        return {"ok": True, "result": operation(request)}
+    except OwnerAccessError as exc:
+        return {"ok": False, "failure": exc.failure, "message": str(exc)}
+    except SlurmError as exc:  # the caller tells a refusal from no answer by the message
+        return {"ok": False, "failure": OwnerFailure.SLURM, "message": str(exc)}
+    except PermissionError as exc:
+        return {"ok": False, "failure": OwnerFailure.DENIED, "message": str(exc)}
+    except FileNotFoundError as exc:
+        return {"ok": False, "failure": OwnerFailure.MISSING, "message": str(exc)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"ok": False, "failure": OwnerFailure.INVALID, "message": f"{exc}"}
+
+
+def main() -> int:
+    try:
+        request = json.loads(sys.stdin.read())
+    except ValueError as exc:
+        print(json.dumps({"ok": False, "failure": "invalid", "message": f"bad request: {exc}"}))
+        return 2
+    print(json.dumps(answer(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""SQL for user links: every query of the identity domain is here."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import UserLink
+
+
+def link_of(session: Session, user: str) -> UserLink | None:
+    return session.get(UserLink, user)
+
+
+def list_links(session: Session) -> list[UserLink]:
+    return list(session.scalars(select(UserLink).order_by(UserLink.user)))

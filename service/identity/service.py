@@ -1,0 +1,112 @@
+"""Which Unix user and Slurm account each runyard user runs as: linking (admins), and the
+owner a run gets at submission.
+
+An admin links a user once (`runyard admin user link ana --unix ana --account vision`); the
+account defaults to the user's team. A run records the identity it was accepted with
+(`runs.unix_user`, `runs.slurm_account`), so a later re-link changes new runs only.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+
+from sqlalchemy.orm import Session
+
+from service.auth.principal import Principal
+from service.config import Settings
+from service.errors import AppError, InvalidSpec, NotFound
+from service.identity.owner import RunOwner
+from service.identity.repository import link_of
+from service.models import UserLink
+
+# Unix and Slurm names: what useradd and sacctmgr accept, and nothing a shell would expand.
+NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+class OwnerUnavailable(AppError):
+    """The service could not act as the run's owner (sudo refused, no such user here): a
+    site's setup to fix, not the spec."""
+
+    status_code = 409
+    code = "cannot_act_as_owner"
+
+
+class NotLinked(AppError):
+    """The caller has no Unix identity: nothing of theirs may run."""
+
+    status_code = 403
+    code = "not_linked"
+
+
+def owner_for(
+    session: Session, principal: Principal, settings: Settings, priority: str
+) -> RunOwner:
+    """The identity a run submitted by `principal` runs as; NotLinked if there is none."""
+    link = link_of(session, principal.user)
+    if link is None:
+        raise NotLinked(
+            f"user {principal.user} has no Unix user to run jobs as: an admin links one with "
+            f"`runyard admin user link {principal.user} --unix <login> --account <account>`"
+        )
+    return RunOwner(
+        unix_user=link.unix_user,
+        slurm_account=link.slurm_account or principal.team,
+        qos=settings.qos_by_priority.get(priority),
+    )
+
+
+def link_user(
+    session: Session, user: str, unix_user: str, slurm_account: str | None, principal: Principal
+) -> UserLink:
+    """Link (or re-link) `user`; the Unix user must exist here and must not be privileged."""
+    check_unix_user(unix_user)
+    if slurm_account is not None:
+        check_name("account", slurm_account)
+    link = link_of(session, user)
+    if link is None:
+        link = UserLink(user=user, unix_user=unix_user, linked_by=principal.user)
+        session.add(link)
+    link.unix_user, link.slurm_account, link.linked_by = unix_user, slurm_account, principal.user
+    session.flush()
+    return link
+
+
+def unlink_user(session: Session, user: str) -> None:
+    link = link_of(session, user)
+    if link is None:
+        raise NotFound(f"user {user} is not linked; `runyard admin user list` shows the links")
+    session.delete(link)
+
+
+def check_name(field: str, name: str) -> None:
+    if not name or len(name) > 64 or not set(name) <= NAME_CHARS or name[0] in "-.":
+        raise InvalidSpec(
+            f"{field}: '{name}' is not a valid name (lower-case letters, digits, '_', '-', "
+            "'.'; at most 64 characters, not starting with '-' or '.')"
+        )
+
+
+def check_unix_user(unix_user: str) -> None:
+    """The user exists on this host, is not root and is not the service itself: running a
+    team's code as either would give it the cluster (or the service's secrets)."""
+    check_name("unix", unix_user)
+    try:
+        entry = pwd.getpwnam(unix_user)
+    except KeyError:
+        raise InvalidSpec(
+            f"unix: no Unix user {unix_user} on the service's host; create it (with the same "
+            "uid as on the compute nodes) first"
+        ) from None
+    if entry.pw_uid == 0:
+        raise InvalidSpec("unix: runs never run as root; link the user to their own login")
+    if entry.pw_uid == os.geteuid():
+        raise InvalidSpec(
+            f"unix: {unix_user} is the service's own user; runs must not hold its secrets"
+        )
+
+
+def primary_group(unix_user: str) -> str:
+    """The user's primary group: who, besides them, reads their runs' files (mode 0750)."""
+    return grp.getgrgid(pwd.getpwnam(unix_user).pw_gid).gr_name

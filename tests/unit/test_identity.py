@@ -1,0 +1,137 @@
+"""Who a run runs as, below the API: links, and the owner's program run through the real
+sudoers rule by the service's real user (the dev cluster's users: client/devcluster/identity.py).
+
+These need `runyard dev up` to have made the users `runyard`, `alice`, `bob` and `ops` and
+the sudoers rule, as `make test` does before the unit tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.devcluster.identity import SERVICE_USER
+from tests.conftest import REPO_ROOT, TEST_DATABASE, mint_token
+
+# Runs a gate operation as the service's own user, as the service would: prints the answer
+# (or the failure: its kind and message) as one JSON line.
+AS_THE_SERVICE = """
+import json, sys
+from pathlib import Path
+from service.config import Settings
+from service.identity.gate import OwnerGate
+from service.identity.owner import OwnerAccessError, RunOwner
+owner, path = sys.argv[1], Path(sys.argv[2])
+gate = OwnerGate(Settings(accelerator="cpu", run_reconciler=False))
+try:
+    exists, data, size = gate.read_log(RunOwner(owner, "ops"), path, 0, 4096, complete=True)
+    print(json.dumps({"ok": True, "text": data.decode()}))
+except OwnerAccessError as exc:
+    print(json.dumps({"ok": False, "failure": exc.failure.value, "message": str(exc)}))
+"""
+
+
+def as_the_service(owner: str, path: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", AS_THE_SERVICE, owner, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        user=SERVICE_USER,
+        group=SERVICE_USER,
+        extra_groups=[],
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+@pytest.fixture
+def alices_private_file() -> Iterator[Path]:
+    """A file only alice may read (her folder is 0700), in a root everyone can reach."""
+    folder = Path(f"/tmp/runyard-tests/{TEST_DATABASE}-identity/alice-private")
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.parent.chmod(0o755)
+    secret = folder / "0_0_log.out"
+    secret.write_text("alice's secret\n")
+    shutil.chown(folder, "alice", "vision")
+    shutil.chown(secret, "alice", "vision")
+    folder.chmod(0o700)
+    secret.chmod(0o600)
+    yield secret
+    shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def test_the_service_reads_a_users_file_with_that_users_rights_only(
+    alices_private_file: Path,
+) -> None:
+    """Through the one sudoers rule: as alice it reads her file; as bob the OS says no and
+    the error names the path; as root (in no runas group) sudo refuses to act at all."""
+    assert as_the_service("alice", alices_private_file) == {"ok": True, "text": "alice's secret\n"}
+    as_bob = as_the_service("bob", alices_private_file)
+    assert as_bob["failure"] == "denied" and "Permission denied" in as_bob["message"]
+    assert str(alices_private_file) in as_bob["message"]
+    as_root = as_the_service("root", alices_private_file)
+    assert as_root["failure"] == "cannot_act" and "sudo said" in as_root["message"]
+    # ...and the service itself, as its own user, cannot read it either.
+    own = subprocess.run(
+        ["cat", str(alices_private_file)], capture_output=True, text=True, user=SERVICE_USER
+    )
+    assert own.returncode != 0 and "Permission denied" in own.stderr
+
+
+def test_links_refuse_root_the_service_and_unknown_users(api: Any) -> None:
+    for unix, words in (
+        ("root", "never run as root"),
+        ("no-such-login", "no Unix user no-such-login"),
+        ("Bad Name", "not a valid name"),
+    ):
+        refused = api.put("/v1/admin/users/carol/link", json={"unix_user": unix})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith("unix:") and words in refused.json()["detail"]
+    linked = api.put(
+        "/v1/admin/users/carol/link", json={"unix_user": "bob", "slurm_account": "speech"}
+    )
+    assert linked.status_code == 200 and linked.json()["unix_user"] == "bob"
+    assert [u["user"] for u in api.get("/v1/admin/users").json()].count("carol") == 1
+    assert api.get("/v1/admin/audit").json()[-1]["action"] == "user.link"
+
+
+def test_a_user_without_a_link_cannot_submit(
+    api: Any, database_url: str, tmp_path: Path
+) -> None:
+    token = mint_token(database_url, tmp_path / "dan.token", user="dan", team="vision", role="user")
+    spec = {"name": "unlinked", "model": "tiny", "nodes": 1, "gpus_per_node": 1, "seq_len": 64,
+            "global_batch": 4, "steps": 10, "checkpoint_every": 5}  # fmt: skip
+    refused = api.post("/v1/runs", json=spec, headers={"Authorization": f"Bearer {token}"})
+    assert refused.status_code == 403 and refused.json()["error"] == "not_linked"
+    assert "runyard admin user link dan --unix" in refused.json()["detail"]
+
+
+def test_a_spec_naming_a_folder_its_owner_cannot_read_is_refused_naming_it(
+    api: Any, database_url: str, tmp_path: Path, alices_private_file: Path
+) -> None:
+    """bob's dry run names alice's private folder as data: the OS refuses bob, whatever the
+    service (or root, which runs these tests) could read."""
+    token = mint_token(
+        database_url, tmp_path / "bob.token", user="bob", team="speech", role="user", unix="bob"
+    )
+    spec = {"name": "nosy", "model": "tiny", "nodes": 1, "gpus_per_node": 1, "seq_len": 64,
+            "global_batch": 4, "steps": 10, "checkpoint_every": 5,
+            "data": str(alices_private_file.parent)}  # fmt: skip
+    refused = api.post(
+        "/v1/runs/dry-run", json=spec, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("data:") and "Permission denied" in detail
+    assert str(alices_private_file.parent) in detail
+    assert os.stat(alices_private_file).st_mode & 0o777 == 0o600  # untouched
