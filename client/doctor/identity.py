@@ -134,6 +134,4 @@ def _acts_as_its_users(settings: SiteSettings, service_user: str, owners: list[s
         )
     if not owners:
         return Check(ID, "acts as its users", Status.WARN, "no user is linked yet")
-    return passed(
-        ID, "acts as its users", f"as {', '.join(sorted(set(owners)))}; never as root"
-    )
+    return passed(ID, "acts as its users", f"as {', '.join(sorted(set(owners)))}; never as root")

@@ -105,9 +105,7 @@ def test_links_refuse_root_the_service_and_unknown_users(api: Any) -> None:
     assert api.get("/v1/admin/audit").json()[-1]["action"] == "user.link"
 
 
-def test_a_user_without_a_link_cannot_submit(
-    api: Any, database_url: str, tmp_path: Path
-) -> None:
+def test_a_user_without_a_link_cannot_submit(api: Any, database_url: str, tmp_path: Path) -> None:
     token = mint_token(database_url, tmp_path / "dan.token", user="dan", team="vision", role="user")
     spec = {"name": "unlinked", "model": "tiny", "nodes": 1, "gpus_per_node": 1, "seq_len": 64,
             "global_batch": 4, "steps": 10, "checkpoint_every": 5}  # fmt: skip
@@ -127,9 +125,7 @@ def test_a_spec_naming_a_folder_its_owner_cannot_read_is_refused_naming_it(
     spec = {"name": "nosy", "model": "tiny", "nodes": 1, "gpus_per_node": 1, "seq_len": 64,
             "global_batch": 4, "steps": 10, "checkpoint_every": 5,
             "data": str(alices_private_file.parent)}  # fmt: skip
-    refused = api.post(
-        "/v1/runs/dry-run", json=spec, headers={"Authorization": f"Bearer {token}"}
-    )
+    refused = api.post("/v1/runs/dry-run", json=spec, headers={"Authorization": f"Bearer {token}"})
     assert refused.status_code == 422, refused.text
     detail = refused.json()["detail"]
     assert detail.startswith("data:") and "Permission denied" in detail
