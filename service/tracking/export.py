@@ -70,6 +70,8 @@ class Exporter:
         with self.sessions() as session:
             export = session.get(TrackerExport, export_id)
             assert export is not None
+            if export.state == ExportState.FINISHED:
+                return False
             run = session.get(Run, export.run_id)
             assert run is not None
             tracked = timeline.tracked_run(run)

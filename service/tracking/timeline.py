@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
 from service.models import Attempt, Metric, Run, RunEvent
@@ -114,7 +115,7 @@ def step_rows(session: Session, run: Run, after: int, through: int) -> list[Step
         select(Metric)
         .where(Metric.run_id == run.id, Metric.step > after, Metric.step <= through)
         .order_by(Metric.step, Metric.attempt_id.desc(), Metric.id.desc())
-        .distinct(Metric.step)
+        .ext(distinct_on(Metric.step))
         .limit(MAX_STEPS_PER_BATCH)
     )
     metrics = session.scalars(newest_first).all()
