@@ -5,8 +5,11 @@ head), trained by worker.step.train_step (the step the training loop runs) with
 torch.compile per block, in BF16 and, where the GPU has FP8 tensor cores and torchao is
 installed, in FP8 (worker/parallel/float8.py). MFU is quoted in planner.schemas
 MFU_CONVENTION against the dense BF16 peak of planner.hardware (also for FP8). The timed
-steps run under torch.cuda.set_sync_debug_mode, which counts every host sync in them (the
-step should make none). Target: 50% BF16 MFU on an H100/H200-class GPU.
+steps run under torch.cuda.set_sync_debug_mode, which warns at every host sync in them (the
+step should make none): each is counted and printed with the Python stack that made it, and
+any other warning in the timed steps is printed too (a count that matched the word
+"synchroniz" in any warning once took one for a sync). Target: 50% BF16 MFU on an
+H100/H200-class GPU.
 
     .venv/bin/python bench/gpu_mfu.py                  # on a GPU node (skips without CUDA)
     .venv/bin/python bench/gpu_mfu.py --device cpu --shape small --layers 1   # the logic
@@ -22,8 +25,10 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import warnings
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ from planner.hardware import HARDWARE, Hardware
 from planner.presets import MODEL_PRESETS
 from planner.schemas import MFU_CONVENTION
 from planner.transformer import layer_params, model_flops_per_token
+from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
 from worker.errors import UnsupportedLayoutError
@@ -55,6 +61,9 @@ BYTES_PER_PARAM = 4 + 4 + 8 + 2
 LOGIT_BYTES = 2 + 4 + 4
 FIXED_BYTES = 3 * 2**30  # CUDA context, cuBLAS workspaces, compiled kernels (~1-2 GiB each)
 HEADROOM = 0.10  # caching-allocator fragmentation, typically 5-15% of reserved memory
+# What torch.cuda.set_sync_debug_mode("warn") says at a sync (c10/cuda/CUDAFunctions.cpp).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+REPO = str(Path(__file__).resolve().parents[1])
 
 
 def activation_bytes_per_token(shape: ModelShape) -> float:
@@ -110,6 +119,8 @@ class Result:
     host_syncs: int | None  # in the timed steps (None: not countable on a CPU)
     peak_memory_gib: float | None
     estimated_memory_gib: float
+    sync_sites: dict[str, int] = field(default_factory=dict)  # where each sync was made
+    other_warnings: list[str] = field(default_factory=list)  # in the timed steps
 
 
 def config_for(shape: ModelShape, precision: str, args: argparse.Namespace) -> WorkerRunConfig:
@@ -132,18 +143,44 @@ def config_for(shape: ModelShape, precision: str, args: argparse.Namespace) -> W
     )
 
 
+@dataclass
+class Syncs:
+    """The host syncs and other warnings seen in a block of steps."""
+
+    sites: list[str] = field(default_factory=list)  # one per sync: its innermost frames
+    other: list[str] = field(default_factory=list)
+
+
+def _site(stack: traceback.StackSummary) -> str:
+    """A sync's place: the innermost frame of this repository, then the innermost of all."""
+    ours = [f for f in stack if f.filename.startswith(REPO) and not f.filename.endswith(__file__)]
+    place = [*ours[-1:], stack[-1]] if ours else list(stack[-2:])
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(place))
+
+
 def count_syncs(device: torch.device) -> Any:
-    """A context that records the host syncs CUDA makes in it (nothing to count on a CPU)."""
+    """A context that records the host syncs CUDA makes in it, each with the stack that made
+    it, and every other warning (nothing to count on a CPU)."""
     if device.type != "cuda":
-        return contextlib.nullcontext([])
+        return contextlib.nullcontext(Syncs())
 
     @contextlib.contextmanager
     def recording() -> Any:
-        with warnings.catch_warnings(record=True) as caught:
+        seen = Syncs()
+
+        def show(message: Any, category: Any, filename: str, lineno: int, *_: Any) -> None:
+            # Called where the warning is raised, so the stack is the sync's own.
+            if SYNC_WARNING in str(message):
+                seen.sites.append(_site(traceback.extract_stack()[:-1]))
+            else:
+                seen.other.append(f"{category.__name__}: {message} ({filename}:{lineno})")
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = show
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                yield caught
+                yield seen
             finally:
                 torch.cuda.set_sync_debug_mode("default")
 
@@ -163,8 +200,14 @@ def measure(
         open_corpus("builtin", args.tmp / "data"), config.seq_len, config.global_batch, 1
     )
 
+    sync = CrossGroupSync()  # one group: nothing across groups
+
     def run(step: int) -> torch.Tensor:
-        return train_step(model, optimizers, batches, step, config.lr, config, dims, device)[0]
+        stepped = train_step(
+            model, optimizers, batches, step, config.lr, config, dims, device, sync
+        )
+        assert stepped is not None  # one group never votes a step down
+        return stepped[0]
 
     for step in range(1, args.warmup + 1):
         run(step)
@@ -189,13 +232,13 @@ def measure(
         tokens_per_s=tokens_per_s,
         model_tflops=flops / 1e12,
         mfu=flops / hardware.peak_bf16_flops if hardware else None,  # BF16 peak, FP8 too
-        host_syncs=sum("synchroniz" in str(w.message) for w in syncs)
-        if device.type == "cuda"
-        else None,
+        host_syncs=len(syncs.sites) if device.type == "cuda" else None,
         peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30
         if device.type == "cuda"
         else None,
         estimated_memory_gib=memory_estimate(shape, tokens) / 2**30,
+        sync_sites=dict(Counter(syncs.sites)),
+        other_warnings=sorted(set(syncs.other)),
     )
 
 
@@ -215,7 +258,7 @@ def flop_check(shape: ModelShape, args: argparse.Namespace, device: torch.device
     batches = TokenBatches(open_corpus("builtin", args.tmp / "data"), config.seq_len, 1, 1)
     counter = FlopCounterMode(display=False)
     with counter, sdpa_kernel(SDPBackend.MATH):
-        train_step(model, optimizers, batches, 1, config.lr, config, dims, device)
+        train_step(model, optimizers, batches, 1, config.lr, config, dims, device, CrossGroupSync())
     tokens = config.global_batch * config.seq_len
     return counter.get_total_flops() / (model_flops_per_token(shape, config.seq_len) * tokens)
 
@@ -319,6 +362,10 @@ def main() -> int:
                     f"peak memory {peak} GiB (estimated {result.estimated_memory_gib:.1f})",
                     flush=True,
                 )
+                for site, count in result.sync_sites.items():
+                    print(f"  host sync x{count}: {site}", flush=True)
+                for warning in result.other_warnings:
+                    print(f"  other warning in the timed steps: {warning}", flush=True)
             if device.type == "cpu":
                 ratio = flop_check(shape, args, device)
                 out["flops_counted_over_convention"] = round(ratio, 4)

@@ -341,6 +341,7 @@ def _result(
         checkpoint=CheckpointPlan(
             size_gib=rel.checkpoint_bytes / GIB,
             write_s=rel.checkpoint_write_s,
+            stall_s=rel.checkpoint_stall_s,
             interval_s=rel.checkpoint_interval_s,
             interval_steps=rel.checkpoint_interval_steps,
             fast_interval_s=rel.fast_checkpoint_interval_s,

@@ -28,6 +28,15 @@ DEFAULT_STORAGE_BYTES_PER_S = 2e12
 # DGX H100 user guide: two dual-port ConnectX-7 for storage and in-band traffic, up to
 # 400 Gb/s per node; we count on half of it (25 GB/s) for checkpoint writes and reads.
 DEFAULT_STORAGE_BYTES_PER_S_PER_NODE = 25e9
+# What an asynchronous save costs training, as a share of its write time: the time it
+# blocks training plus how much slower the steps beside it run (worker/checkpoint_cost.py).
+# Measured on one H200 (issue 32, torch 2.11, the worker before that issue: 8 layers of
+# hidden 2,048, 6.1 GB of state): written in 26.49 s, 0.136 s blocked and the steps beside
+# it 5.3 s slower, (0.136 + 5.3) / 26.49 = 0.205. The worker's own saves now hide more of
+# their write; bench/gpu_checks.sh measures how much (docs/design.md, "What a checkpoint
+# costs training"), and each cluster's runs report their own (Checkpoint.stall_s). 1.0
+# would be a synchronous save, which this model assumed before.
+MEASURED_STALL_SHARE = 0.205
 
 
 # The fast path's two costs. The failed group's time out, from the Xid line to its
@@ -55,6 +64,9 @@ class ReliabilityAssumptions:
     # Per checkpoint whatever its size: DCP's save planning (an all-gather of plans), the
     # barrier before the commit marker, metadata and marker writes on a shared filesystem.
     checkpoint_fixed_s: float = 10.0
+    # The share of a save's write time that it costs training (see MEASURED_STALL_SHARE);
+    # a cluster's runs measure their own (Checkpoint.stall_s).
+    checkpoint_stall_share: float = MEASURED_STALL_SHARE
     # Detect (heartbeat / NCCL watchdog), drain, swap in a spare, relaunch and re-form
     # NCCL groups: minutes at scale. An assumption to be replaced by measured restarts.
     restart_s: float = 600.0
@@ -92,6 +104,9 @@ class Reliability:
     # rate, capped at DURABLE_CHECKPOINT_MAX_S; whole steps, like the classic one.
     fast_checkpoint_interval_s: float | None = None
     fast_checkpoint_interval_steps: int | None = None
+    # What each save costs training (the write's share that does not overlap training):
+    # the cost Young/Daly trades against lost work.
+    checkpoint_stall_s: float = 0.0
 
     def interval_s_for(self, fast_path: bool) -> float:
         """Training time between checkpoints of a run that recovers on the fast path (when
@@ -121,16 +136,20 @@ def checkpoint_interval_s(write_s: float, mtbi_s: float) -> float:
     return young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - write_s
 
 
-def expected_goodput(interval_s: float, write_s: float, restart_s: float, mtbi_s: float) -> float:
+def expected_goodput(
+    interval_s: float, write_s: float, restart_s: float, mtbi_s: float, latency_s: float = 0.0
+) -> float:
     """Share of allocated time that trains the model, in steady state.
 
-    Each cycle computes for `interval_s` and writes for `write_s`; each interruption
-    costs the restart and, on average, half a cycle of work since the last checkpoint.
+    Each cycle computes for `interval_s` and stalls for its save's `write_s` (the part of
+    the write that costs training); each interruption costs the restart and, on average,
+    half a cycle of work since the last checkpoint, plus `latency_s`: an asynchronous save
+    is durable only when written, so work goes back that much further than its start.
     """
     cycle = interval_s + write_s
     if cycle <= 0:
         return 0.0
-    lost_per_interruption = restart_s + cycle / 2
+    lost_per_interruption = restart_s + cycle / 2 + latency_s
     return max(0.0, interval_s / cycle * (1 - lost_per_interruption / mtbi_s))
 
 
@@ -184,13 +203,18 @@ def assess(
     size = checkpoint_bytes(model)
     storage = min(a.storage_bytes_per_s, num_nodes * a.storage_bytes_per_s_per_node)
     write_s = a.checkpoint_fixed_s + size / storage
-    ideal = checkpoint_interval_s(write_s, mtbi_s)
-    steps = max(1, round(ideal / step_s)) if step_s > 0 else 1
+    # Training pays only the save's stall; the rest of the write runs beside the steps
+    # and only delays when the checkpoint is durable (`latency`). One save at a time: the
+    # next starts no sooner than this one is written.
+    stall_s = a.checkpoint_stall_share * write_s
+    latency = write_s - stall_s
+    ideal = max(checkpoint_interval_s(stall_s, mtbi_s), latency)
+    steps = max(1, round(ideal / step_s), math.ceil(latency / step_s)) if step_s > 0 else 1
     interval = steps * step_s
     # Restarting also reads the checkpoint back, at the same storage rate.
-    goodput = expected_goodput(interval, write_s, a.restart_s + write_s, mtbi_s)
-    cycle = interval + write_s
-    classic_lost = a.restart_s + write_s + cycle / 2
+    goodput = expected_goodput(interval, stall_s, a.restart_s + write_s, mtbi_s, latency)
+    cycle = interval + stall_s
+    classic_lost = a.restart_s + write_s + cycle / 2 + latency
     goodput_fast, fast_lost = None, None
     steps_fast: int | None = None
     interval_fast: float | None = None
@@ -205,17 +229,21 @@ def assess(
         out_s = a.fast_rejoin_s + heal_s
         classic_share = min(1.0, out_s / mtbi_s) if groups == 2 else 0.0
         classic_mtbi_s = mtbi_s / classic_share if classic_share else math.inf
-        ideal_fast = min(DURABLE_CHECKPOINT_MAX_S, checkpoint_interval_s(write_s, classic_mtbi_s))
+        ideal_fast = min(DURABLE_CHECKPOINT_MAX_S, checkpoint_interval_s(stall_s, classic_mtbi_s))
+        # Never more often than the same run on the classic path: the cap bounds how old
+        # the durable copy gets, and the classic interval is already trusted for that (a
+        # small run's Daly interval is hours: an hourly cap would only add stalls).
+        ideal_fast = max(ideal_fast, ideal)
         steps_fast = max(1, round(ideal_fast / step_s)) if step_s > 0 else steps
         interval_fast = steps_fast * step_s if step_s > 0 else interval
-        cycle_fast = interval_fast + write_s
+        cycle_fast = interval_fast + stall_s
         fast_lost = fast_path_lost_s(
             groups,
             step_s,
             a.fast_stall_s,
             a.fast_rejoin_s,
             heal_s,
-            a.restart_s + write_s + cycle_fast / 2,
+            a.restart_s + write_s + cycle_fast / 2 + latency,
             mtbi_s,
         )
         goodput_fast = max(0.0, interval_fast / cycle_fast * (1 - fast_lost / mtbi_s))
@@ -225,6 +253,7 @@ def assess(
         mtbi_s=mtbi_s,
         checkpoint_bytes=size,
         checkpoint_write_s=write_s,
+        checkpoint_stall_s=stall_s,
         checkpoint_interval_s=interval,
         checkpoint_interval_steps=steps,
         goodput=goodput,

@@ -13,14 +13,15 @@ host memory (worker/checkpoint_staging.py), and each save reports what it cost t
 (worker/checkpoint_cost.py): that wait, plus how much slower the steps beside it ran.
 
 Checksums. Every rank records the SHA-256 and size of each file it wrote in
-`MANIFEST.rank<r>.json`, in the thread that writes them (ChecksummingWriter); rank 0 merges
-them with the `.metadata` file's into `MANIFEST.json` when DCP finishes the save. Before rank 0
-writes the marker it verifies every file against the manifest (again off the training
-thread); a mismatch writes a `CORRUPT` marker instead, and the checkpoint is reported CORRUPT,
-never COMMITTED. A load verifies first too, each rank a share of the files; a mismatch marks
-the folder CORRUPT and raises CheckpointCorruptError, so the service resumes from the
-checkpoint before it. A folder with a CORRUPT marker is never loaded, never the newest, and
-does not count among the kept ones when pruning.
+`MANIFEST.rank<r>.json`, where it writes them (ChecksummingWriter); rank 0 merges them with
+the `.metadata` file's into `MANIFEST.json` when DCP finishes the save, and there, once every
+rank's files are written, verifies every file against the manifest, leaving its verdict in
+`VERDICT.json` (all of it off the training thread). A mismatch writes a `CORRUPT` marker
+instead of the commit, and the checkpoint is reported CORRUPT, never COMMITTED. A load
+verifies first too, each rank a share of the files; a mismatch marks the folder CORRUPT and
+raises CheckpointCorruptError, so the service resumes from the checkpoint before it. A
+folder with a CORRUPT marker is never loaded, never the newest, and does not count among
+the kept ones when pruning.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,21 +51,28 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import (
+    AsyncCheckpointerType,
+    AsyncSaveResponse,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from contract import ResumePoint
+from worker import faults
+from worker.background import lower_priority
 from worker.checkpoint_cost import SaveCost, SaveCostMeter
 from worker.checkpoint_staging import HostCopy
 from worker.errors import CheckpointNotCommittedError, WorkerError
 from worker.faults import maybe_crash, stall_write
 from worker.files import folder_size, remove_tree, write_atomic
+from worker.save_options import SaveOptions
 
 MARKER = "COMMITTED"
 CORRUPT_MARKER = "CORRUPT"  # overrides MARKER: the files failed their checksums
 MANIFEST = "MANIFEST.json"  # every file of the checkpoint: {"files": {name: {sha256, bytes}}}
+VERDICT = "VERDICT.json"  # rank 0's check of every file before the commit: {"problem": ...}
 CHECKSUM = "sha256"
 _HASH_CHUNK = 8 << 20  # hashlib releases the GIL for chunks this large
 
@@ -203,15 +211,22 @@ class ChecksummingWriter(FileSystemWriter):
     manifest already covers every byte, and the CRC is a second pass over the state on the
     writer's CPU, beside training (torch.load reads such files; zip tools would warn)."""
 
-    def __init__(self, path: Path, rank: int, step: int = -1) -> None:
+    def __init__(
+        self, path: Path, rank: int, step: int = -1, options: SaveOptions | None = None
+    ) -> None:
         super().__init__(path)
         self.folder, self.own_rank = path, rank  # FileSystemWriter has a `rank` of its own
         self.step = step  # for the fault hooks (worker/faults.py)
+        self.options = options or SaveOptions()
+        self.faults = faults.snapshot()  # the trainer's, for a writer in another process
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
+        if self.options.writer_process:  # in the writer's own process, never training's
+            lower_priority()
+            faults.restore(self.faults)
         stall_write(self.step, self.own_rank)  # fault hooks: a slow disk, a writer holding the GIL
         crc32 = torch.serialization.get_crc32_options()
-        torch.serialization.set_crc32_options(False)  # only checkpoint writes use torch.save
+        torch.serialization.set_crc32_options(self.options.zip_crc32)  # only checkpoints save
         try:
             written = super().write_data(plan, planner)  # FileSystemWriter writes synchronously
         finally:
@@ -235,6 +250,9 @@ class ChecksummingWriter(FileSystemWriter):
         files[".metadata"] = file_digest(self.folder / ".metadata")
         manifest = {"algorithm": CHECKSUM, "files": files}
         write_atomic(self.folder / MANIFEST, json.dumps(manifest).encode())
+        # The commit's check, once every rank's files are written: read them all back.
+        maybe_crash("before_verify", self.step, 0, self.folder)
+        write_atomic(self.folder / VERDICT, json.dumps({"problem": verify(self.folder)}).encode())
 
 
 def verify(folder: Path, share: tuple[int, int] = (0, 1)) -> str | None:
@@ -268,12 +286,10 @@ def mark_corrupt(folder: Path, why: str) -> None:
     write_atomic(folder / CORRUPT_MARKER, json.dumps({"why": why}).encode())
 
 
-def _verify_when_written(written: Future[Any], path: Path, step: int) -> str | None:
-    """Rank 0's commit check, in a thread of its own: once every rank's files are written
-    (rank 0's save completes only after gathering every rank's results), verify them all."""
-    written.result()  # waits unless called by the synchronous save()
-    maybe_crash("before_verify", step, 0, path)
-    return verify(path)
+def _verdict(path: Path) -> str | None:
+    """Rank 0, once its save completed: what its writer's check found wrong (None: nothing)."""
+    problem: str | None = json.loads((path / VERDICT).read_text())["problem"]
+    return problem
 
 
 @dataclass(frozen=True)
@@ -337,11 +353,7 @@ def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCh
     # collective: each rank writes its part and its checksums, rank 0 metadata and manifest
     dcp.save(state, checkpoint_id=path, storage_writer=ChecksummingWriter(path, rank, step))
     dist.barrier()  # sync: every rank's files are complete before the commit
-    corrupt = None
-    if rank == 0:
-        done: Future[None] = Future()
-        done.set_result(None)
-        corrupt = _verify_when_written(done, path, step)
+    corrupt = _verdict(path) if rank == 0 else None
     num_bytes = _commit(path, step, rank, corrupt)
     elapsed = time.perf_counter() - start
     return SavedCheckpoint(step, path, num_bytes, elapsed, elapsed, corrupt)
@@ -352,7 +364,6 @@ class _InFlight:
     step: int
     path: Path
     future: Future[Any]  # the files written (and, on rank 0, every rank's)
-    verified: Future[str | None] | None  # rank 0: the commit's check of every file
     start: float
 
 
@@ -361,26 +372,33 @@ class AsyncCheckpointer:
 
     Training waits only for the copy of the state to host memory, and only if it is still
     running when the next optimizer update starts (on a GPU not even then: the update
-    waits for it on the device; see worker/checkpoint_staging.py); a background thread
-    writes the files. That thread's collectives (DCP plans the save, then gathers every
-    rank's write results to rank 0, which writes the metadata) run on a gloo process group
-    of their own, so they never interleave with training's collectives on the default group.
-    Rank 0's save completes only after it gathered every rank's results, so once its future
-    is done every rank's files are on disk, and rank 0 commits without another collective.
-    Rank 0 verifies every file against its checksum before it commits, in a thread of its
-    own (`verifier`): training never waits for that read either.
+    waits for it on the device; see worker/checkpoint_staging.py). The files are written
+    by a thread of training's process, or (SaveOptions.writer_process) by a process of each
+    rank's own, DCP's process-based async save, at the lowest CPU priority, so that
+    serialising, writing and checksumming never take the GIL or a contended core from
+    training.
+    The writer's collectives (DCP plans the save, then gathers every rank's write results to
+    rank 0, which writes the metadata, checks every file and leaves its verdict) run on a
+    gloo process group of their own, never interleaved with training's collectives. Rank
+    0's save completes only after all of that, so once its future is done rank 0 commits
+    without another collective.
 
     Each save's cost to training is measured (worker/checkpoint_cost.py): every wait for it
     here, and the steps beside it against the usual pace, which needs poll() once a step.
     """
 
-    def __init__(self, checkpoint_dir: Path, state: dict[str, Stateful]) -> None:
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        state: dict[str, Stateful],
+        options: SaveOptions | None = None,
+    ) -> None:
         self.checkpoint_dir, self.state = checkpoint_dir, state
+        self.options = options or SaveOptions.from_env()
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
         self.in_flight: _InFlight | None = None
-        self.stager = HostCopy()
-        self.verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runyard-verify")
+        self.stager = HostCopy(self.options)
         self.cost = SaveCostMeter()
 
     def save(self, step: int) -> None:
@@ -394,17 +412,16 @@ class AsyncCheckpointer:
         response = dcp.async_save(
             self.state,
             checkpoint_id=path,
-            storage_writer=ChecksummingWriter(path, self.rank, step),
+            storage_writer=ChecksummingWriter(path, self.rank, step, self.options),
             process_group=self.group,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS
+            if self.options.writer_process
+            else AsyncCheckpointerType.THREAD,
             async_stager=self.stager,
         )
         if not isinstance(response, AsyncSaveResponse):  # what a stager returning a future gets
             raise TypeError(f"dcp.async_save returned {type(response).__name__}")
-        verified = None
-        if self.rank == 0:
-            written = response.upload_completion
-            verified = self.verifier.submit(_verify_when_written, written, path, step)
-        self.in_flight = _InFlight(step, path, response.upload_completion, verified, start)
+        self.in_flight = _InFlight(step, path, response.upload_completion, start)
         self.cost.blocked(time.perf_counter() - start)
         self.cost.started()
 
@@ -420,7 +437,6 @@ class AsyncCheckpointer:
         """Finish the save in flight (uncommitted: call wait() for that) and free the copy."""
         if self.in_flight is not None:
             self.in_flight.future.result()
-        self.verifier.shutdown(wait=True)
         self.stager.close()
 
     def poll(self) -> SavedCheckpoint | None:
@@ -428,7 +444,7 @@ class AsyncCheckpointer:
         and commits the save in flight if it completed (no collective)."""
         self.cost.step_ended()
         done = self.in_flight
-        if done is not None and done.future.done() and (done.verified or done.future).done():
+        if done is not None and done.future.done():
             return self.wait()
         return None
 
@@ -442,7 +458,7 @@ class AsyncCheckpointer:
         done, self.in_flight = self.in_flight, None
         start = time.perf_counter()
         done.future.result()
-        corrupt = done.verified.result() if done.verified is not None else None
+        corrupt = _verdict(done.path) if self.rank == 0 else None
         num_bytes = _commit(done.path, done.step, self.rank, corrupt)
         now = time.perf_counter()
         self.cost.blocked(now - start)

@@ -84,6 +84,12 @@ class SaveCostMeter:
         self._last_step_end = now
         self._blocked_since_step = 0.0
 
+    def skip(self) -> None:
+        """Forget the time since the last step: what ran meanwhile was not training (a
+        bench's synchronous save between two steps)."""
+        self._last_step_end = time.perf_counter()
+        self._blocked_since_step = 0.0
+
     def finished(self) -> SaveCost:
         """The save in flight is done: its cost; the meter is ready for the next one."""
         pace = self.step_s

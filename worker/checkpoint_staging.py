@@ -12,7 +12,8 @@ done. How that copy is made decides what it costs training:
   size, carved into one view per tensor; on a GPU the slab is page-locked once
   (cudaHostRegister), so the device-to-host copy runs at full PCIe speed. (Per-tensor
   pin_memory buffers would be rounded up to powers of two by the caching host allocator:
-  up to twice the memory.)
+  up to twice the memory.) With a writer process the slab is shared memory, which the
+  writer maps: what crosses the pipe each save is the tensors' handles, not their bytes.
 - On a GPU the copies run on a stream of their own, after an event recorded on training's
   stream when the save started. Training's next forward and backward run on the compute
   engines while the copy engines move the state; the next optimizer update, the first thing
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
+
+from worker.save_options import SaveOptions
 
 _ALIGN_BYTES = 64  # each view starts on a cache line (and on any dtype's element size)
 
@@ -56,7 +59,9 @@ def _tensors(value: Any, key: Key = ()) -> list[tuple[Key, torch.Tensor]]:
 class _Slab:
     """One host allocation holding a view for every tensor of a state dict's layout."""
 
-    def __init__(self, layout: dict[Key, tuple[torch.Size, torch.dtype]], pin: bool) -> None:
+    def __init__(
+        self, layout: dict[Key, tuple[torch.Size, torch.dtype]], pin: bool, shared: bool
+    ) -> None:
         offsets, total = {}, 0
         for key, (shape, dtype) in layout.items():
             offsets[key] = total
@@ -64,14 +69,18 @@ class _Slab:
             total += -(-nbytes // _ALIGN_BYTES) * _ALIGN_BYTES
         self.layout, self.num_bytes = layout, total
         self.memory = torch.empty(max(total, 1), dtype=torch.uint8)
+        if shared:
+            # A writer process maps it rather than receiving a copy of the state each save
+            # (moved into shared memory now, while it is empty, and before it is pinned).
+            self.memory.share_memory_()
         self.pinned = False
         if pin:
             # Page-locks the slab once (what DCP's own stager does for shared buffers); the
             # caching host allocator would round each buffer up to a power of two instead.
             cudart = torch.cuda.cudart()
             err = cudart.cudaHostRegister(self.memory.data_ptr(), self.memory.numel(), 0)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister of {total} bytes failed: error {err}")
+            if int(getattr(err, "value", err)) != 0:  # cudaSuccess
+                raise RuntimeError(f"cudaHostRegister of {total} bytes failed: {err}")
             self.pinned = True
         self.views = {
             key: self.memory[offsets[key] : offsets[key] + shape.numel() * dtype.itemsize]
@@ -92,7 +101,8 @@ class HostCopy(AsyncStager):
 
     _synchronize_after_execute = False  # waited for through wait_for_copy() / the future
 
-    def __init__(self) -> None:
+    def __init__(self, options: SaveOptions | None = None) -> None:
+        self.options = options or SaveOptions()
         self._slab: _Slab | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runyard-staging")
         self._stream: torch.cuda.Stream | None = None
@@ -109,7 +119,8 @@ class HostCopy(AsyncStager):
     def stage(self, state_dict: dict[str, Any]) -> Future[dict[str, Any]]:  # type: ignore[override]
         """Start copying `state_dict` (called by dcp.async_save on training's thread)."""
         ready = None
-        if torch.cuda.is_available() and any(t.is_cuda for _, t in _tensors(state_dict)):
+        on_gpu = torch.cuda.is_available() and any(t.is_cuda for _, t in _tensors(state_dict))
+        if on_gpu and self.options.copy_stream:
             # Everything training queued so far (the update that produced this state) comes
             # before the copy; recorded here, on training's stream, not in the thread.
             ready = torch.cuda.Event()
@@ -145,7 +156,12 @@ class HostCopy(AsyncStager):
                 if self._slab is not None:
                     self._slab.release()
                 self._slab = None  # the old slab goes before the new one is allocated
-                self._slab = _Slab(layout, pin=ready is not None)
+                on_gpu = any(t.is_cuda for _, t in tensors)
+                self._slab = _Slab(
+                    layout,
+                    pin=on_gpu and self.options.pinned,
+                    shared=self.options.writer_process,
+                )
             views = self._slab.views
             copied = None
             if ready is not None:
@@ -157,7 +173,7 @@ class HostCopy(AsyncStager):
                         views[key].copy_(tensor, non_blocking=tensor.is_cuda)
                     copied = torch.cuda.Event()
                     copied.record(self._stream)
-            else:
+            else:  # a CPU, or (to measure what the copy stream is worth) training's stream
                 for key, tensor in tensors:
                     views[key].copy_(tensor)
         except BaseException as exc:

@@ -115,6 +115,22 @@ def set_context(run: str, attempt: int) -> None:
     _context.update(run=run, attempt=attempt)
 
 
+def snapshot() -> dict[str, object]:
+    """This process's faults and context, for work that runs in another process (the
+    checkpoint writer's): restore() them there before a fault point."""
+    return {"spec": os.environ.get("RUNYARD_FAULT"), **_context}
+
+
+def restore(saved: dict[str, object]) -> None:
+    """Take the faults and context of the process that made `saved` (see snapshot())."""
+    spec = saved["spec"]
+    if spec:
+        os.environ["RUNYARD_FAULT"] = str(spec)
+    else:
+        os.environ.pop("RUNYARD_FAULT", None)
+    _context.update(run=saved["run"], attempt=saved["attempt"])
+
+
 def parse(spec: str) -> list[Fault]:
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):

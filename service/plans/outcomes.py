@@ -65,7 +65,9 @@ def record_prediction(session: Session, run: Run, accelerator: str) -> PlanOutco
     outcome.predicted_step_s = float(plan["step_time_s"])
     outcome.predicted_tokens_per_s_per_gpu = float(plan["tokens_per_s_per_gpu"])
     outcome.predicted_mfu = float(plan["mfu"])
-    outcome.predicted_checkpoint_s = float(plan["checkpoint"]["write_s"])
+    # What a save costs training, as the measured stall does (plans before it: the write).
+    checkpoint = plan["checkpoint"]
+    outcome.predicted_checkpoint_s = float(checkpoint.get("stall_s") or checkpoint["write_s"])
     outcome.predicted_restart_s = calibration.get("restart_s") if applied else None
     outcome.uncalibrated_step_s = float(uncalibrated)
     outcome.uncalibrated_compute_s = float(terms.get("compute_s", uncalibrated))

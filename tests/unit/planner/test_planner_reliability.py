@@ -67,3 +67,51 @@ def test_assess_sizes_checkpoint_and_spares_for_405b() -> None:
     assert plan.checkpoint_interval_s == plan.checkpoint_interval_steps * 10.0
     assert 0.9 < plan.goodput < 1.0
     assert plan.spare_nodes == 11  # Poisson mean 1,280 nodes x 8 x rate x 24 h = 4.85
+
+
+def test_the_interval_weighs_what_a_save_costs_training_not_its_write() -> None:
+    """Young/Daly trade the save's cost to training (its stall: blocking plus the excess of
+    the steps beside it) against lost work; the rest of the write overlaps training and
+    only makes the checkpoint durable later. A stall share of 1.0 is a synchronous save,
+    the model as it was."""
+    from planner.reliability import ReliabilityAssumptions
+
+    model, step_s = MODEL_PRESETS["llama3-405b"], 11.0
+    sync = assess(model, 10_240, 8, step_s, ReliabilityAssumptions(checkpoint_stall_share=1.0))
+    hidden = assess(model, 10_240, 8, step_s, ReliabilityAssumptions(checkpoint_stall_share=0.2))
+    write_s, mtbi_s = sync.checkpoint_write_s, sync.mtbi_s
+    assert hidden.checkpoint_write_s == write_s
+    assert sync.checkpoint_stall_s == write_s
+    assert hidden.checkpoint_stall_s == pytest.approx(0.2 * write_s)
+    # The interval is Daly's for the stall, in whole steps...
+    for rel in (sync, hidden):
+        ideal = checkpoint_interval_s(rel.checkpoint_stall_s, mtbi_s)
+        assert rel.checkpoint_interval_s == pytest.approx(ideal, abs=step_s / 2)
+    assert hidden.checkpoint_interval_s < sync.checkpoint_interval_s
+    # ...and goodput charges the stall per cycle, and the write's latency per interruption.
+    restart_s = ReliabilityAssumptions().restart_s + write_s
+    assert sync.goodput == pytest.approx(
+        expected_goodput(sync.checkpoint_interval_s, write_s, restart_s, mtbi_s)
+    )
+    stall_s = hidden.checkpoint_stall_s
+    assert hidden.goodput == pytest.approx(
+        expected_goodput(
+            hidden.checkpoint_interval_s, stall_s, restart_s, mtbi_s, write_s - stall_s
+        )
+    )
+    assert hidden.goodput > sync.goodput
+
+
+def test_the_next_save_starts_no_sooner_than_the_last_is_written() -> None:
+    """A save that costs training almost nothing would make Daly's interval shorter than
+    the write itself: one save in flight at a time, the interval is at least the write."""
+    from planner.reliability import ReliabilityAssumptions
+
+    rel = assess(
+        MODEL_PRESETS["llama3-405b"],
+        10_240,
+        8,
+        1.0,
+        ReliabilityAssumptions(checkpoint_stall_share=1e-6),
+    )
+    assert rel.checkpoint_interval_s >= rel.checkpoint_write_s - rel.checkpoint_stall_s

@@ -64,10 +64,12 @@ def report(cluster: Cluster, run_id: int, first_step: int) -> int | None:
     ]
     attempt_id = live_attempt_id(cluster, run_id)
     with session_scope() as session:
-        ack = endpoints.report_progress(attempt_id, ProgressReport(rank=0, metrics=rows), session)
+        # The save first, so that every answer rests on the run's measured stall (before
+        # any, the plan's predicted one).
         checkpoint = CheckpointReport(step=first_step, path=f"/ckpt/{first_step}",
                                       state="COMMITTED", write_s=30.0, stall_s=STALL_S)  # fmt: skip
         endpoints.report_checkpoint(attempt_id, checkpoint, session)
+        ack = endpoints.report_progress(attempt_id, ProgressReport(rank=0, metrics=rows), session)
     return ack.checkpoint_every
 
 
