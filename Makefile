@@ -22,13 +22,22 @@ down:
 demo: up
 	$(RUNYARD) dev demo
 
-# The whole suite, integration tests included, on the real Postgres and the real Slurm.
 # Our code is byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (as on CI's
 # machines) every process would compile it again, about 1 s of CPU at each rank's,
-# agent's and CLI's start.
+# agent's and CLI's start. Both tiers print their slowest 30 tests, so the next split
+# uses measured times.
+PYTEST := $(VENV)/bin/pytest -ra --durations=30
+
+# The quick check: every unit test, and one real-Slurm, real-Postgres test of each whole
+# path (marked whole_path: submit and cancel, an Xid onto a spare, fast recovery, ...).
 test: up
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
-	$(VENV)/bin/pytest -ra
+	$(PYTEST) -m "not integration or whole_path"
+
+# Everything, as CI runs it: every integration test on the real Postgres and Slurm.
+test-all: up
+	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
+	$(PYTEST)
 
 # The whole-path tier on Slurm 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by
 # scripts/build_slurm.sh: about 27 minutes once, cached after) on a dev cluster of its own

@@ -18,7 +18,7 @@ import pytest
 
 from client.api import RunyardClient
 from client.devcluster import cluster
-from client.devcluster.cluster import DevCluster, service_argv
+from client.devcluster.cluster import DevCluster
 from client.devcluster.identity import SERVICE_USER, prepare_state_dir
 from planner.presets import MODEL_PRESETS
 from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, wait_for
@@ -100,20 +100,50 @@ def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test
 
 
 class ServiceProcess:
-    """The real service (uvicorn + reconciler) as a child process that tests can restart."""
+    """The real service (uvicorn + reconciler) as a child process that tests can restart,
+    started as a site starts it: deploy/runyard-service.sh with its settings file, as the
+    service's own user. The file (mode 0600, the service's) holds the settings; the process
+    environment adds only what the machine needs (PATH, the Python to use)."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, admin_token: str, port: int = SERVICE_PORT
+        self,
+        settings: dict[str, str],
+        state_dir: Path,
+        admin_token: str,
+        port: int = SERVICE_PORT,
+        name: str = "runyard",
     ) -> None:
-        self.env, self.log, self.admin_token, self.port = env, log, admin_token, port
+        prepare_state_dir(state_dir)
+        self.settings_file = state_dir / "service" / f"{name}.env"
+        self.log = state_dir / f"{name}.log"
+        self.admin_token, self.port = admin_token, port
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        # The service's settings only: what a site writes into its runyard.env.
+        self.settings = {
+            k: v for k, v in settings.items() if k.startswith("RUNYARD_") or k == "SLURM_CONF"
+        }
+
+    def write_settings(self) -> None:
+        """The settings file, readable by the service's user alone (docs/install.md)."""
+        text = "".join(f"{key}={value}\n" for key, value in self.settings.items())
+        fd = os.open(self.settings_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        shutil.chown(self.settings_file, SERVICE_USER, SERVICE_USER)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The settings as the service sees them (what tests hand to other processes)."""
+        return {**os.environ, **self.settings}
 
     def start(self) -> None:
+        self.write_settings()  # as tests changed them since the last start
+        machine = {k: v for k, v in os.environ.items() if not k.startswith("RUNYARD_")}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                service_argv(self.port),
-                env=self.env,
+                ["sh", str(REPO_ROOT / "deploy" / "runyard-service.sh"), str(self.settings_file)],
+                env={**machine, "RUNYARD_SERVICE_PYTHON": sys.executable},
                 cwd=REPO_ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -151,6 +181,18 @@ class ServiceProcess:
         return RunyardClient(self.url, token=token or self.admin_token)
 
 
+def service_state_dir(name: str) -> Path:
+    """A service's state folder outside pytest's own temporary root (mode 0700, root's):
+    the service's user and the runs' owners must reach it, as they reach a site's shared
+    filesystem. Made fresh; removed by the caller."""
+    state_dir = Path(f"/tmp/runyard-tests/{TEST_DATABASE}-{name}")
+    shutil.rmtree(state_dir, ignore_errors=True)
+    state_dir.mkdir(parents=True)
+    state_dir.parent.chmod(0o755)
+    prepare_state_dir(state_dir)
+    return state_dir
+
+
 @pytest.fixture(scope="session")
 def service(
     database_url: str,
@@ -158,14 +200,8 @@ def service(
     tmp_path_factory: pytest.TempPathFactory,
     admin_token: str,
 ) -> Iterator[ServiceProcess]:
-    # Outside pytest's own temporary root (mode 0700, root's): the service's user and the
-    # runs' owners must reach it, as they reach a site's shared filesystem.
-    state_dir = Path(f"/tmp/runyard-tests/{TEST_DATABASE}")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    state_dir.parent.chmod(0o755)
-    prepare_state_dir(state_dir)
-    env = {
-        **os.environ,
+    state_dir = service_state_dir("service")
+    settings = {
         "RUNYARD_DATABASE_URL": database_url,
         "RUNYARD_PORT": str(SERVICE_PORT),
         "RUNYARD_STATE_DIR": str(state_dir),
@@ -182,7 +218,7 @@ def service(
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
         "RUNYARD_FAULT": paced_faults(),
     }
-    svc = ServiceProcess(env, state_dir / "service.log", admin_token)
+    svc = ServiceProcess(settings, state_dir, admin_token)
     svc.start()
     yield svc
     svc.stop()

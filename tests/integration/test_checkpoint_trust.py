@@ -27,6 +27,7 @@ def spec(name: str, **overrides: object) -> dict:
     return tiny_spec(name, steps=30, checkpoint_every=10, keep_checkpoints=2, **overrides)
 
 
+@pytest.mark.whole_path
 @pytest.mark.timeout(240)
 def test_a_corrupt_checkpoint_is_skipped_without_wasting_a_restart(
     service: ServiceProcess, agents: Agents

@@ -24,6 +24,7 @@ def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.whole_path
 def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> None:
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec("from-cli", steps=20, checkpoint_every=10)))

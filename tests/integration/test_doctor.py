@@ -20,8 +20,8 @@ import pytest
 from client.devcluster import cluster, postgres
 from client.devcluster.cluster import DevCluster
 from client.devcluster.processes import stop
-from tests.conftest import REPO_ROOT, TEST_DATABASE, mint_token, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, free_port
+from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, TEST_DATABASE, mint_token, wait_for
+from tests.integration.conftest import Agents, ServiceProcess, free_port, service_state_dir
 
 pytestmark = pytest.mark.integration
 RUNYARD = Path(sys.executable).parent / "runyard"  # the installed CLI, as a site runs it
@@ -60,10 +60,15 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    root = tmp_path_factory.mktemp("doctor")
+    root = service_state_dir("doctor")
     postgres.fresh_database(DOCTOR_DATABASE_URL)
     token = mint_token(
-        DOCTOR_DATABASE_URL, root / "admin.token", user="admin", team="ops", role="admin"
+        DOCTOR_DATABASE_URL,
+        root / "admin.token",
+        user="admin",
+        team="ops",
+        role="admin",
+        unix=ADMIN_UNIX_USER,
     )
     port = free_port()
     env = {
@@ -79,7 +84,7 @@ def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
         "RUNYARD_HEARTBEAT_SUSPECT_S": "600",
         "RUNYARD_HEARTBEAT_DEAD_S": "1200",
     }
-    service = ServiceProcess(env, root / "service.log", token, port=port)
+    service = ServiceProcess(env, root, token, port=port)
     service.start()
     client = service.client()
     wait_for("the nodes read from Slurm", lambda: len(client.list_nodes()) >= 8)

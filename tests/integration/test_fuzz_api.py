@@ -21,8 +21,8 @@ from schemathesis.checks import (
 )
 
 from client.devcluster import postgres
-from tests.conftest import mint_token
-from tests.integration.conftest import ServiceProcess, free_port
+from tests.conftest import ADMIN_UNIX_USER, mint_token
+from tests.integration.conftest import ServiceProcess, free_port, service_state_dir
 
 pytestmark = pytest.mark.integration
 FUZZ_DATABASE = f"runyard_fuzz_{os.getpid()}"
@@ -35,8 +35,15 @@ SKIPPED = {"/v1/admin/nodes/{name}/drain", "/v1/admin/nodes/{name}/resume"}
 @pytest.fixture(scope="module")
 def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     postgres.fresh_database(FUZZ_URL)
-    state: Path = tmp_path_factory.mktemp("fuzz")
-    token = mint_token(FUZZ_URL, state / "admin.token", user="fuzz", team="ops", role="admin")
+    state: Path = service_state_dir("fuzz")
+    token = mint_token(
+        FUZZ_URL,
+        state / "admin.token",
+        user="fuzz",
+        team="ops",
+        role="admin",
+        unix=ADMIN_UNIX_USER,
+    )
     port = free_port()
     env = {
         **os.environ,
@@ -46,7 +53,7 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePr
         "RUNYARD_RUN_RECONCILER": "false",
     }
     env.pop("RUNYARD_SLURM_CONF", None)
-    svc = ServiceProcess(env, state / "service.log", token, port=port)
+    svc = ServiceProcess(env, state, token, port=port)
     svc.start()
     yield svc
     svc.stop()

@@ -25,7 +25,7 @@ from client.output import Exit
 from tests.fixtures.tokenizer_folders import EOS, train_bpe_folder
 from tests.integration.conftest import ServiceProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 pytest.importorskip("transformers")
 runner = CliRunner()
 VOCAB = 384  # a multiple of 128: the model's vocabulary is the tokenizer's

@@ -26,7 +26,7 @@ from tests.fixtures.chromium import loaded_images, screenshot
 from tests.fixtures.terminal import Screen, Terminal
 from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 STEP = re.compile(r"step (\d+)/200")

@@ -32,6 +32,7 @@ def succeeded(client: RunyardClient, run_id: int) -> bool:
     return state == "SUCCEEDED"
 
 
+@pytest.mark.whole_path
 def test_prod_run_preempts_a_scavenger_run(
     service: ServiceProcess, agents: Agents, slurm_cluster
 ) -> None:
@@ -122,6 +123,7 @@ def test_prod_run_preempts_a_scavenger_run(
     assert "run.preempting" in kinds
 
 
+@pytest.mark.whole_path
 def test_a_run_longer_than_its_time_limit_runs_as_segments(
     service: ServiceProcess, agents: Agents
 ) -> None:

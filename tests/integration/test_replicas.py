@@ -18,7 +18,7 @@ import pytest
 from client.api import RunyardClient
 from client.devcluster import postgres
 from client.devcluster.cluster import DevCluster, proxy_argv
-from tests.conftest import REPO_ROOT, TEST_DATABASE, mint_token, wait_for
+from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, TEST_DATABASE, mint_token, wait_for
 from tests.integration.conftest import (
     Agents,
     ServiceProcess,
@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     drain_reason,
     free_port,
     paced_faults,
+    service_state_dir,
     slurm,
     tiny_spec,
 )
@@ -67,14 +68,22 @@ def replicas(
 ) -> Iterator[Replicas]:
     root = tmp_path_factory.mktemp("replicas")
     postgres.fresh_database(DATABASE_URL)
-    token = mint_token(DATABASE_URL, root / "admin.token", user="admin", team="ops", role="admin")
+    token = mint_token(
+        DATABASE_URL,
+        root / "admin.token",
+        user="admin",
+        team="ops",
+        role="admin",
+        unix=ADMIN_UNIX_USER,
+    )
+    state = service_state_dir("replicas")
     port_a, port_b, port_front = free_port(), free_port(), free_port()
     front_url = f"http://127.0.0.1:{port_front}"
     env = {
         **os.environ,
         "RUNYARD_DATABASE_URL": DATABASE_URL,
         "RUNYARD_PUBLIC_URL": front_url,  # workers report through the one address
-        "RUNYARD_STATE_DIR": str(root / "state"),  # shared by both, like a site's /shared
+        "RUNYARD_STATE_DIR": str(state),  # shared by both, like a site's /shared
         "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
         "RUNYARD_RUN_RECONCILER": "true",
@@ -85,8 +94,8 @@ def replicas(
         "RUNYARD_HANG_MIN_S": "15",
         "RUNYARD_FAULT": paced_faults(),
     }
-    a = ServiceProcess({**env, "RUNYARD_PORT": str(port_a)}, root / "a.log", token, port_a)
-    b = ServiceProcess({**env, "RUNYARD_PORT": str(port_b)}, root / "b.log", token, port_b)
+    a = ServiceProcess({**env, "RUNYARD_PORT": str(port_a)}, state, token, port_a, name="a")
+    b = ServiceProcess({**env, "RUNYARD_PORT": str(port_b)}, state, token, port_b, name="b")
     a.start()
     wait_for("replica A to lead", lambda: leads(a))
     b.start()
@@ -94,7 +103,7 @@ def replicas(
         proxy = subprocess.Popen(
             proxy_argv(port_front, [port_a, port_b]), cwd=REPO_ROOT, stdout=out, stderr=out
         )
-    front = ServiceProcess(env, root / "front.log", token, port_front)  # never started
+    front = ServiceProcess(env, state, token, port_front, name="front")  # never started
     wait_for("the proxy", front.healthy)
     client = front.client()
     wait_for("the nodes read from Slurm", lambda: len(client.list_nodes()) >= 8)
@@ -119,6 +128,7 @@ def replicas(
     postgres.drop_database(DATABASE_URL)
 
 
+@pytest.mark.whole_path
 def test_leader_killed_mid_recovery_the_other_replica_finishes_it(
     replicas: Replicas, slurm_cluster: DevCluster
 ) -> None:

@@ -16,7 +16,7 @@ from contract import WorkerRunConfig
 from tests.conftest import wait_for
 from tests.integration.conftest import Agents, ServiceProcess, ended, inject_faults, tiny_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 NAN_RUN = "nan-rollback"
 FAULTS = (f"nan_at_step:13:*:1@{NAN_RUN}",)  # attempt 1 only

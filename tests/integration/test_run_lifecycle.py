@@ -25,6 +25,7 @@ def squeue_nodes(job_id: str, slurm_conf: str) -> int | None:
     return int(line.split("|")[0]) if line else None
 
 
+@pytest.mark.whole_path
 def test_submit_train_checkpoint_cancel(service: ServiceProcess, slurm_cluster) -> None:
     client = service.client()
     run = client.submit_run(tiny_spec("lifecycle", steps=5000))

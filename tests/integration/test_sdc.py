@@ -13,7 +13,7 @@ from client.api import RunyardClient
 from tests.conftest import wait_for
 from tests.integration.conftest import drain_reason, ended, inject_faults, tiny_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 SDC_RUN = "sdc-flip"
 FAULTS = (f"flip_param:12:1:1@{SDC_RUN}",)  # rank 1, attempt 1 only

@@ -61,7 +61,7 @@ from tests.integration.conftest import (
     slurm,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 DOC = REPO_ROOT / "docs" / "install.md"
 EACH_NODE = "<!-- run: on each compute node -->"
 SITE_DATABASE = f"{TEST_DATABASE}_site"

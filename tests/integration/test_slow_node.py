@@ -14,7 +14,7 @@ from client.api import RunyardClient
 from tests.conftest import wait_for
 from tests.integration.conftest import ServiceProcess, drain_reason, ended, inject_faults, tiny_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 SLOW_RUN = "slow-node"
 # Flagged at the 5th slow report. The first report after the slowdown may come only at the

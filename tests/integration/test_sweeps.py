@@ -45,6 +45,7 @@ def queued(client: RunyardClient, sweep_id: int) -> dict:
     )
 
 
+@pytest.mark.whole_path
 def test_a_sweep_is_one_job_array_that_runs_at_most_its_limit_at_once(
     service: ServiceProcess, slurm_cluster
 ) -> None:
@@ -151,13 +152,13 @@ def test_a_sweep_run_whose_node_fails_moves_to_a_spare(
 def reconciler_paused(service: ServiceProcess) -> Iterator[None]:
     """The API without its reconciler: what the service looks like between two passes."""
     service.stop()
-    service.env["RUNYARD_RUN_RECONCILER"] = "false"
+    service.settings["RUNYARD_RUN_RECONCILER"] = "false"
     service.start()
     try:
         yield
     finally:
         service.stop()
-        service.env["RUNYARD_RUN_RECONCILER"] = "true"
+        service.settings["RUNYARD_RUN_RECONCILER"] = "true"
         service.start()
 
 
@@ -195,22 +196,22 @@ def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
     from service.config import get_settings
     from service.reconcile import sweeps as reconcile_sweeps
     from service.reconcile.submission import mint_worker_token
-    from service.slurm.submit import submit_array, write_token_file
+    from service.identity.gate import OwnerGate
 
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     with reconciler_paused(service):
         grid = {"seed": [1, 2]}
         sweep = client.submit_sweep(sweep_spec("sweep-adopt", grid, max_parallel=2, steps=20))
-        for key, value in service.env.items():
-            if key.startswith("RUNYARD_") or key == "SLURM_CONF":
-                monkeypatch.setenv(key, value)
+        for key, value in service.settings.items():
+            monkeypatch.setenv(key, value)
         get_settings.cache_clear()
         try:
             settings = get_settings()
             req = next(r for r in reconcile_sweeps._prepare(settings) if r.sweep_id == sweep["id"])
-            for task, pair in enumerate(zip(req.run_ids, req.attempt_ids, strict=True)):
-                write_token_file(req.token_file(task), mint_worker_token(*pair))
-            array = submit_array(req, settings)
+            tokens = [
+                mint_worker_token(*pair) for pair in zip(req.run_ids, req.attempt_ids, strict=True)
+            ]
+            array = OwnerGate(settings).submit_array(req, tokens)  # as the sweep's owner
         finally:
             get_settings.cache_clear()
         assert client.get_sweep(sweep["id"])["slurm_array_job_id"] is None  # never recorded
