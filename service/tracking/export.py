@@ -177,14 +177,24 @@ class Exporter:
         export.num_failures, export.last_error, export.next_try_at = 0, None, None
 
     def failed(self, export_id: int, error: BaseException) -> None:
+        self.record_failure(self.sessions, self.settings, export_id, error)
+
+    @staticmethod
+    def record_failure(
+        sessions: Callable[[], AbstractContextManager[Session]],
+        settings: Settings,
+        export_id: int,
+        error: BaseException,
+    ) -> None:
         """A tracker that failed is tried again later, backing off: it never blocks the
-        others, and training never waits for it."""
-        with self.sessions() as session:
-            export = self._row(session, export_id)
+        others, and training never waits for it. `runyard tracking show` shows the error."""
+        with sessions() as session:
+            export = session.get(TrackerExport, export_id)
+            assert export is not None
             export.num_failures += 1
             wait_s = min(
-                self.settings.tracking_export_interval_s * 2**export.num_failures,
-                self.settings.tracking_retry_max_s,
+                settings.tracking_export_interval_s * 2**export.num_failures,
+                settings.tracking_retry_max_s,
             )
             export.next_try_at = utcnow() + timedelta(seconds=wait_s)
             export.last_error = f"{type(error).__name__}: {error}"[:2000]

@@ -87,7 +87,12 @@ class ExportLoop:
         if not due:
             return 0
         if self.exporter is None:
-            self.exporter = Exporter(self.sink_factory(), self.settings)
+            try:
+                self.exporter = Exporter(self.sink_factory(), self.settings)
+            except Exception as exc:  # no client for this tracker (unset URI, bad install)
+                for export_id in due:
+                    Exporter.record_failure(session_scope, self.settings, export_id, exc)
+                return 0
         moved = 0
         for export_id in due:
             try:
