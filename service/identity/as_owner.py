@@ -128,24 +128,37 @@ OPERATIONS: dict[str, Callable[[Request], Any]] = {
 
 def answer(request: Request) -> dict[str, Any]:
     """Perform one request; every failure is an answer, never a traceback on stderr."""
-    from service.identity.owner import OwnerAccessError, OwnerFailure
-    from service.slurm.commands import SlurmError
-
     operation = OPERATIONS.get(request.get("op", ""))
     if operation is None:
-        return {"ok": False, "failure": OwnerFailure.INVALID, "message": "unknown operation"}
+        return _failed("invalid", "unknown operation")
     try:
         return {"ok": True, "result": operation(request)}
-    except OwnerAccessError as exc:
-        return {"ok": False, "failure": exc.failure, "message": str(exc)}
-    except SlurmError as exc:  # the caller tells a refusal from no answer by the message
-        return {"ok": False, "failure": OwnerFailure.SLURM, "message": str(exc)}
     except PermissionError as exc:
-        return {"ok": False, "failure": OwnerFailure.DENIED, "message": str(exc)}
+        return _failed("denied", str(exc))
     except FileNotFoundError as exc:
-        return {"ok": False, "failure": OwnerFailure.MISSING, "message": str(exc)}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {"ok": False, "failure": OwnerFailure.INVALID, "message": f"{exc}"}
+        return _failed("missing", str(exc))
+    except Exception as exc:
+        failure = getattr(exc, "failure", None)  # OwnerAccessError says why itself
+        if failure is not None:
+            return _failed(str(failure), str(exc))
+        if _is_slurm_error(exc):  # the caller tells a refusal from no answer by the message
+            return _failed("slurm", str(exc))
+        if isinstance(exc, OSError | ValueError | KeyError | TypeError):
+            return _failed("invalid", str(exc))
+        raise
+
+
+def _is_slurm_error(exc: Exception) -> bool:
+    """Whether `exc` is a SlurmError, without importing Slurm's adapters (and the settings
+    they read) for a log chunk: an error of a module that was never imported is not one."""
+    commands = sys.modules.get("service.slurm.commands")
+    return commands is not None and isinstance(exc, commands.SlurmError)
+
+
+def _failed(failure: str, message: str) -> dict[str, Any]:
+    """An OwnerFailure's value and the message (the values are service/identity/owner.py's,
+    spelled here so that answering imports nothing)."""
+    return {"ok": False, "failure": failure, "message": message}
 
 
 def main() -> int:

@@ -35,9 +35,12 @@ their pid files, the database dropped, and the cluster left as found.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,12 +55,14 @@ from client.api import RunyardClient
 from client.devcluster import postgres
 from client.devcluster.cluster import DevCluster
 from client.devcluster.demo import inject_xid_79
-from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
+from client.devcluster.identity import SERVICE_USER
+from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, TEST_DATABASE, wait_for
 from tests.integration.conftest import (
     clean_up_test_leftovers,
     committed,
     drain_reason,
     free_port,
+    service_state_dir,
     slurm,
 )
 
@@ -111,6 +116,7 @@ class Site:
         self.root, self.dev = root, dev
         self.home, self.etc = root / "shared" / "runyard", root / "etc" / "runyard"
         self.port = free_port()
+        self.sudoers = Path(f"/etc/sudoers.d/runyard-site-{TEST_DATABASE}")
         self.log = root / "install.log"
         self.nodes = slurm("sinfo", "-h", "-N", "-p", "train", "-o", "%N", conf=self.conf).split()
         self.nodes = sorted(set(self.nodes))
@@ -143,6 +149,10 @@ class Site:
             "RUNYARD_EXPECT_GPUS": "",
             "RUNYARD_ACCELERATOR": "cpu",
             "RUNYARD_SYSTEMD": "no",
+            # The service's user is the dev cluster's (it exists already: the page makes it
+            # only if absent); its sudoers rule is this site's own file, removed after.
+            "RUNYARD_SUDOERS": str(self.sudoers),
+            "RUNYARD_ADMIN_UNIX": ADMIN_UNIX_USER,
         }
 
     def install(self) -> str:
@@ -194,6 +204,12 @@ class Site:
             os.kill(pid, signal.SIGKILL)
 
 
+def uid_of(pid: int) -> int:
+    """The real uid of a live process, as the kernel has it."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -210,8 +226,9 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    site = Site(tmp_path_factory.mktemp("site"), slurm_cluster)
+def site(slurm_cluster: DevCluster) -> Iterator[Site]:
+    # A root the site's users reach (pytest's own temporary root is root's, mode 0700).
+    site = Site(service_state_dir("site"), slurm_cluster)
     postgres.drop_database(SITE_DATABASE_URL)  # nothing of runyard's
     for node in site.nodes:  # the nodes' syslog files
         site.kern_log(node).parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +239,8 @@ def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
         site.stop_everything()
         clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{SITE_DATABASE}")
         postgres.drop_database(SITE_DATABASE_URL)
+        site.sudoers.unlink(missing_ok=True)
+        shutil.rmtree(site.root, ignore_errors=True)
 
 
 def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
@@ -231,10 +250,23 @@ def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
     blocks = doc_blocks()
     assert len(blocks) >= 9 and sum(on_node for on_node, _ in blocks) == 1
 
-    # What the document started is what runs: the clone's code in the site's virtualenv.
+    # What the document started is what runs: the clone's code in the site's virtualenv,
+    # as the service's own user, never root; and the doctor (step 9) found it so.
     service_pid = int((site.home / "state" / "service.pid").read_text())
     assert str(site.home / "venv" / "bin" / "python") in cmdline(service_pid)
     assert "uvicorn service.app:create_app" in cmdline(service_pid)
+    assert uid_of(service_pid) == pwd.getpwnam(SERVICE_USER).pw_uid != 0
+    checked = json.loads(
+        subprocess.run(
+            [str(site.home / "venv" / "bin" / "runyard"), "doctor", "--only", "identity", "--json",
+             "--settings", str(site.etc / "runyard.env")],
+            capture_output=True, text=True, timeout=120,
+            env={**site.environment(), "RUNYARD_URL": f"http://127.0.0.1:{site.port}",
+                 "RUNYARD_TOKEN": (site.etc / "admin.token").read_text().strip()},
+        ).stdout
+    )  # fmt: skip
+    statuses = {c["name"]: c["status"] for c in checked["checks"]}
+    assert statuses == {"service user": "ok", "secrets": "ok", "acts as its users": "ok"}, checked
     agent_pids = sorted((site.root / "agent-state").glob("*/agent.pid"))
     assert [p.parent.name for p in agent_pids] == site.nodes
     for pid_file in agent_pids:
