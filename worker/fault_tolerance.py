@@ -133,6 +133,13 @@ class ReplicaGroupSync(CrossGroupSync):
             store_port=store_port,
             lighthouse_addr=ft.lighthouse_addr,
             replica_id=f"run{run_id}_group{ft.group}",
+            # Every group starts from the same state (the same seed's weights, the same
+            # Hugging Face weights or the same disk checkpoint), so nothing is sent at step
+            # 0. Sent, it broke the run: a group healed at step 0 from a peer's empty Adam
+            # state trained step 2 to another loss than the single-group run (5.443 against
+            # 5.412, tests/unit/worker/test_replica_group_layouts.py when both groups
+            # started together); a heal from a peer that has stepped is exact.
+            init_sync=False,
         )
         self._shares: list[int] = []
 

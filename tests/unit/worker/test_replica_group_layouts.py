@@ -88,7 +88,15 @@ def runs(
     launch = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
          str(driver), str(plan)],
-        env=clean_env(PYTHONPATH=str(REPO_ROOT), RUNYARD_FAULT=",".join(faults)),
+        # Checkpoints written from a thread: DCP's process-based writer (the default) starts
+        # a process with a process group of its own, which does not survive this driver's
+        # re-forming of groups inside one process (a SIGSEGV at the first scenario's end);
+        # a Slurm task trains once and exits.
+        env=clean_env(
+            PYTHONPATH=str(REPO_ROOT),
+            RUNYARD_FAULT=",".join(faults),
+            RUNYARD_CHECKPOINT_WRITER="thread",
+        ),
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     (root / "launch.log").write_text(launch.stdout + launch.stderr)
