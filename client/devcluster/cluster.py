@@ -68,6 +68,15 @@ def default_slurm_prefix() -> Path | None:
     return Path(prefix).resolve() if prefix else None
 
 
+def default_service_port() -> int:
+    return 8000 + (PREFIX_PORT_OFFSET if default_slurm_prefix() else 0)
+
+
+def default_database_url() -> str:
+    prefix = default_slurm_prefix()
+    return prefix_database_url(prefix) if prefix else DEFAULT_DATABASE_URL
+
+
 def default_state_dir(slurm_prefix: Path | None = None) -> Path:
     """RUNYARD_DEV_DIR, else .runyard/dev; a cluster on a Slurm prefix of its own gets a
     folder of its own (.runyard/dev-slurm-24.11 for /opt/slurm-24.11)."""
@@ -81,8 +90,11 @@ class DevCluster:
     """Paths and settings of one dev cluster rooted at `state_dir`."""
 
     state_dir: Path
-    service_port: int = 8000
-    database_url: str = DEFAULT_DATABASE_URL
+    # 8000 and the runyard database; 9000 and a database of its own on a Slurm prefix
+    # (RUNYARD_DEV_SLURM), so a test session that restarts that cluster's service after it
+    # finds the same port and database `dev up --slurm` gave it.
+    service_port: int = field(default_factory=default_service_port)
+    database_url: str = field(default_factory=default_database_url)
     replicas: int = 1  # service processes; more than one sit behind a proxy on service_port
     # A Slurm built into a prefix of its own (scripts/build_slurm.sh) instead of Debian's;
     # its binaries come first on the PATH of everything the cluster starts, and its daemons

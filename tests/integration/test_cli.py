@@ -10,9 +10,11 @@ import yaml
 from typer.testing import CliRunner
 
 from client.cli import app
+from client.devcluster.cluster import DevCluster
 from client.output import Exit
+from service.slurm.topology import parse_topology
 from tests.conftest import wait_for
-from tests.integration.conftest import ServiceProcess, tiny_spec
+from tests.integration.conftest import ServiceProcess, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
 runner = CliRunner()
@@ -25,7 +27,9 @@ def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.whole_path
-def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> None:
+def test_submit_list_show_and_nodes(
+    service: ServiceProcess, tmp_path: Path, slurm_cluster: DevCluster
+) -> None:
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec("from-cli", steps=20, checkpoint_every=10)))
     code, out = cli(service, "run", "submit", str(spec), "--dry-run", "--json")
@@ -56,7 +60,11 @@ def test_submit_list_show_and_nodes(service: ServiceProcess, tmp_path: Path) -> 
         "nodes synced from Slurm", lambda: json.loads(cli(service, "node", "list", "--json")[1])
     )
     assert {n["name"] for n in nodes} >= {"gpu001", "gpu008"}
-    assert {n["switch"] for n in nodes} == {"leaf1", "leaf2"}
+    # The leaf switches (22.05's tree) or blocks (24.11's topology/block) Slurm names.
+    topology = parse_topology(
+        slurm("scontrol", "show", "topology", conf=str(slurm_cluster.slurm_conf))
+    )
+    assert {n["switch"] for n in nodes} == set(topology.group_of.values()) != set()
 
 
 def test_refusals_are_one_line_with_a_nonzero_exit(service: ServiceProcess, tmp_path: Path) -> None:
