@@ -216,16 +216,18 @@ class Settings(BaseSettings):
     )
     wandb_dir: Path | None = Field(
         default=None,
-        description="Where W&B run folders are written (default state_dir/wandb; on the shared "
-        "filesystem, so teams can `wandb sync` them).",
+        description="Where W&B run folders are written, <dir>/<team>/wandb/ (default: the "
+        "service's own folder, state_dir/service/wandb; set a shared folder the teams can "
+        "read, so they can `wandb sync` them).",
     )
     wandb_entity: str | None = Field(
         default=None, description="The W&B entity runs log to when their spec names none."
     )
     tensorboard_root: Path | None = Field(
         default=None,
-        description="Root of TensorBoard log folders, <root>/<team>/<run id>-<name> (default "
-        "state_dir/tensorboard; point TensorBoard at it).",
+        description="Root of TensorBoard log folders, <root>/<team>/<run id>-<name> (default: "
+        "the service's own folder, state_dir/service/tensorboard; set a shared folder the "
+        "teams can read, and point TensorBoard at it).",
     )
     tracking_export_interval_s: float = Field(
         default=2.0, gt=0, description="How often the exporters look for new steps and events."

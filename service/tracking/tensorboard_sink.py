@@ -25,7 +25,7 @@ EVENT_TEXT = re.compile(r"^\[event (\d+)\]")
 
 
 def tensorboard_root(settings: Settings) -> Path:
-    return settings.tensorboard_root or settings.state_dir / "tensorboard"
+    return settings.tensorboard_root or settings.service_dir / "tensorboard"
 
 
 def read_folder(folder: Path) -> Any:

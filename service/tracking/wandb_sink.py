@@ -10,6 +10,7 @@ a step is never logged twice: W&B would keep the first and warn about the second
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ FINAL_KEY = "runyard/final_state"
 
 
 def wandb_root(settings: Settings) -> Path:
-    return settings.wandb_dir or settings.state_dir / "wandb"
+    return settings.wandb_dir or settings.service_dir / "wandb"
 
 
 class WandbSink:
@@ -31,6 +32,16 @@ class WandbSink:
         self.settings = settings
         self.root = wandb_root(settings)
         self._runs: dict[str, Any] = {}  # W&B run id -> the SDK's Run, open while exporting
+        # The SDK's own settings, cache and staging files go beside the runs, not under the
+        # service user's home (a system user may have none), unless the site set them.
+        for variable, folder in (
+            ("WANDB_CONFIG_DIR", "config"),
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_DATA_DIR", "data"),
+            ("WANDB_ARTIFACT_DIR", "artifacts"),
+        ):
+            os.environ.setdefault(variable, str(self.root / ".sdk" / folder))
+        os.environ.setdefault("WANDB_SILENT", "true")
 
     def folder(self, run: TrackedRun) -> Path:
         return self.root / (run.team or "default")
