@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from planner.resolve import LayoutError
+from planner.presets import MODEL_PRESETS
 from service.config import Settings
 from service.runs.schemas import RunSpec
-from service.runs.service import plan_spec
+from service.runs.service import plan_layout
 
 BASE = {
     "name": "ft",
@@ -22,12 +22,11 @@ BASE = {
 }
 
 
-def test_two_groups_on_two_nodes_split_data_parallel_and_keep_tp_pp_cp_at_one() -> None:
+def test_two_groups_on_two_nodes_split_data_parallel() -> None:
     spec = RunSpec.model_validate({**BASE, "fault_tolerance": {"replica_groups": 2}})
     assert spec.replica_groups == 2
-    _, resolved = plan_spec(spec, Settings(accelerator="cpu"))
-    layout = resolved.layout
-    assert layout.dp % 2 == 0 and (layout.tp, layout.pp, layout.cp) == (1, 1, 1)
+    resolved = plan_layout(spec, MODEL_PRESETS["tiny"], Settings(accelerator="cpu"))
+    assert resolved.layout.dp % 2 == 0 and resolved.plan.fast_replica_groups == 2
 
 
 @pytest.mark.parametrize(
@@ -43,15 +42,25 @@ def test_a_spec_that_cannot_split_names_the_field(extra: dict, field: str) -> No
         RunSpec.model_validate({**BASE, **extra})
 
 
-def test_a_pinned_tensor_parallel_degree_is_refused_naming_it() -> None:
+def test_a_pinned_tensor_parallel_degree_is_laid_out_inside_each_group() -> None:
     spec = RunSpec.model_validate(
         {
             **BASE,
+            "nodes": 4,
             "gpus_per_node": 2,
-            "parallelism": {"tp": 2},
+            "parallelism": {"tp": 2, "pp": 2},
             "fault_tolerance": {"replica_groups": 2},
         }
     )
-    with pytest.raises(LayoutError) as refused:
-        plan_spec(spec, Settings(accelerator="cpu"))
-    assert refused.value.field == "parallelism.tp"
+    resolved = plan_layout(spec, MODEL_PRESETS["tiny"], Settings(accelerator="cpu"))
+    layout = resolved.layout
+    assert (layout.dp, layout.tp, layout.pp) == (2, 2, 2)
+    assert resolved.plan.fast_replica_groups == 2
+
+
+def test_auto_under_an_entrypoint_or_min_nodes_plans_no_groups() -> None:
+    for extra in ({"min_nodes": 1}, {"entrypoint": {"module": "train"}}):
+        spec = RunSpec.model_validate({**BASE, **extra, "fault_tolerance": "auto"})
+        assert spec.planned_replica_groups == 1
+        resolved = plan_layout(spec, MODEL_PRESETS["tiny"], Settings(accelerator="cpu"))
+        assert resolved.plan.fast_replica_groups == 0
