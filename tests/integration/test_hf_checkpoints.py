@@ -25,8 +25,15 @@ from client.output import Exit
 from tests.fixtures.tokenizer_folders import EOS, train_bpe_folder
 from tests.integration.conftest import ServiceProcess
 
+try:  # the worker extra installs it (pyproject.toml): without it the install is broken
+    import transformers  # noqa: F401
+except ImportError as exc:  # fail, never skip: this is the whole path of from_hf and export
+    raise ImportError(
+        "transformers is not installed: install runyard's worker extra "
+        "(pip install -e '.[worker]'), which this whole-path test needs"
+    ) from exc
+
 pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
-pytest.importorskip("transformers")
 runner = CliRunner()
 VOCAB = 384  # a multiple of 128: the model's vocabulary is the tokenizer's
 
