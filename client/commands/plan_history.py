@@ -61,34 +61,36 @@ def accuracy(limit: int, as_json: bool) -> None:
             for g in report["groups"]
         ],
     )
+    runs = report["runs"]
     print_table(
-        "runs: predicted / measured",
-        [
-            "RUN",
-            "MODEL",
-            "LAYOUT",
-            "GPUS",
-            "STEP S",
-            "ERR",
-            "TOK/S/GPU",
-            "MFU",
-            "CKPT S",
-            "RESTART S",
-        ],
+        "runs: step time, predicted and measured",
+        ["RUN", "MODEL", "LAYOUT", "GPUS", "PREDICTED S", "MEASURED S", "ERR"],
         [
             (
                 str(r["run_id"]) + ("" if r["comparable"] else f" ({r['accelerator']})"),
                 r["model_size"],
                 r["layout_family"],
                 str(r["num_gpus"]),
-                f"{_num(r['predicted_step_s'])} / {_num(r['measured_step_s'])}",
+                _num(r["predicted_step_s"]),
+                _num(r["measured_step_s"]),
                 _pct(r["step_error"]),
+            )
+            for r in runs
+        ],
+    )
+    print_table(
+        "runs: predicted / measured",
+        ["RUN", "TOK/S/GPU", "MFU", "CKPT STALL S", "RESTART S", "RECOVERIES"],
+        [
+            (
+                str(r["run_id"]),
                 f"{_num(r['predicted_tokens_per_s_per_gpu'])} / "
                 f"{_num(r['measured_tokens_per_s_per_gpu'])}",
-                f"{_num(r['predicted_mfu'])} / {_num(r['measured_mfu'])}",
+                f"{_num(r['predicted_mfu'], 2)} / {_num(r['measured_mfu'], 2)}",
                 f"{_num(r['predicted_checkpoint_s'])} / {_num(r['measured_checkpoint_s'])}",
                 f"{_num(r['predicted_restart_s'])} / {_num(r['measured_restart_s'])}",
+                str(len(r["recoveries"])),
             )
-            for r in report["runs"]
+            for r in runs
         ],
     )
