@@ -3,11 +3,13 @@ on it: exclusive nodes, drains, reservations, arrays, what squeue and scontrol p
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 
 import pytest
 
+from service.slurm.cli import CliSlurmClient
 from service.slurm.client import SlurmClient
 from service.slurm.commands import SlurmError
 from service.slurm.fake import CANCELLED_EXIT, FakeSlurm
@@ -43,9 +45,30 @@ def array(name: str, num_tasks: int, max_parallel: int) -> ArrayRequest:
     )
 
 
-def test_the_fake_is_a_slurm_client() -> None:
-    slurm: SlurmClient = FakeSlurm.cluster(num_switches=1, nodes_per_switch=2)
-    assert [n.name for n in slurm.show_nodes()] == ["gpu001", "gpu002"]
+def protocol_methods() -> list[str]:
+    """The methods SlurmClient declares: what the reconciler may call on either client."""
+    return [
+        name
+        for name, member in vars(SlurmClient).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+    ]
+
+
+@pytest.mark.parametrize("implementation", [FakeSlurm, CliSlurmClient], ids=lambda c: c.__name__)
+def test_each_client_has_the_protocols_signatures(implementation: type) -> None:
+    """Parameter names, kinds, defaults and annotations (resolved to types) and the return
+    type of every protocol method, so a decision tested on the fake is one the real client
+    can be asked for in the same words. mypy checks the same where a client is used as a
+    SlurmClient; this holds for every method, used or not."""
+    assert len(protocol_methods()) >= 18  # the protocol was read, not an empty class
+    for name in protocol_methods():
+        assert callable(getattr(implementation, name, None)), f"{implementation.__name__}.{name}"
+        declared = inspect.signature(getattr(SlurmClient, name), eval_str=True)
+        defined = inspect.signature(getattr(implementation, name), eval_str=True)
+        assert list(defined.parameters) == list(declared.parameters), name
+        for param in declared.parameters.values():
+            assert defined.parameters[param.name] == param, (name, param.name)
+        assert defined.return_annotation == declared.return_annotation, name
 
 
 def test_a_job_runs_on_its_nodes_exclusively_and_prints_like_squeue() -> None:
