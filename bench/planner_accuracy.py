@@ -141,6 +141,7 @@ def planned(case: dict[str, Any], calibration: Calibration | None = None) -> Pla
             pinned=pinned,
             num_runners_up=0,
             calibration=calibration,
+            replica_groups=1,  # as the sources ran: one group, classic recovery
         )
 
 
