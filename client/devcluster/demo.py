@@ -225,7 +225,7 @@ GOODPUT_ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
 
 def print_goodput(runs: dict[str, dict[str, Any]]) -> None:
     """Goodput of each run side by side, one row per figure: reads at 80 columns."""
-    shown = {k: r["goodput"] for k, r in runs.items() if r.get("goodput", {}).get("goodput")}
+    shown = {k: r["goodput"] for k, r in runs.items() if (r.get("goodput") or {}).get("goodput")}
     if not shown:
         return
     print_table(
