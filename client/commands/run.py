@@ -152,7 +152,6 @@ def list_(
     )
 
 
-@app.command()
 def topology_text(placement: dict[str, Any]) -> str:
     """Which blocks (topology/block) or leaf switches the run spans, each with its nodes,
     and the --segment its attempts ask for; empty for a placement recorded before."""
@@ -167,6 +166,7 @@ def topology_text(placement: dict[str, Any]) -> str:
     return f"blocks {spans} ({len(groups)} of {placement.get('block_size')} nodes; {asked})"
 
 
+@app.command()
 def show(run_id: int, json: bool = JSON) -> None:
     """One run and its attempts."""
     run = call(lambda c: c.get_run(run_id))

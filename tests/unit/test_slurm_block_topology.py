@@ -121,3 +121,23 @@ def test_on_blocks_an_attempt_asks_for_segments_through_its_reservation(
         command="true", folder=tmp_path, **sbatch_parameters(replace(req, segment=None), settings)
     )
     assert "#SBATCH --nodelist=gpu003,gpu004,gpu005,gpu006" in tree and "--segment" not in tree
+
+
+def test_run_show_names_the_blocks_a_run_spans_and_its_segment() -> None:
+    from client.commands import run
+
+    placement = {
+        "topology": "block",
+        "groups": {"block2": "gpu[003-004]", "block3": "gpu[005-006]"},
+        "block_size": 2,
+        "segment": 2,
+    }
+    assert run.topology_text(placement) == (
+        "blocks block2 gpu[003-004], block3 gpu[005-006] (2 of 2 nodes; --segment=2)"
+    )
+    tree = {"topology": "tree", "groups": {"leaf1": "gpu[001-002]"}}
+    assert run.topology_text(tree) == "leaf switches leaf1 gpu[001-002]"
+    assert run.topology_text({"nodes": ["gpu001"]}) == ""  # placed before this was recorded
+    # A helper, not a command: `run show` is still the command that prints it.
+    commands = {c.callback.__name__ for c in run.app.registered_commands if c.callback}
+    assert "show" in commands and "topology_text" not in commands
