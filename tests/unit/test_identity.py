@@ -131,3 +131,24 @@ def test_a_spec_naming_a_folder_its_owner_cannot_read_is_refused_naming_it(
     assert detail.startswith("data:") and "Permission denied" in detail
     assert str(alices_private_file.parent) in detail
     assert os.stat(alices_private_file).st_mode & 0o777 == 0o600  # untouched
+
+
+def test_the_doctor_fails_a_service_running_as_root(api: Any, tmp_path: Path) -> None:
+    """The API in this process runs as root (the tests do): the doctor must say so, with
+    the fix; a settings file others may read is a failure too."""
+    from client.api import RunyardClient
+    from client.doctor.identity import check_identity
+    from client.doctor.result import SiteSettings
+
+    settings_file = tmp_path / "runyard.env"
+    settings_file.write_text("RUNYARD_DATABASE_URL=postgresql+psycopg://secret@db/runyard\n")
+    settings_file.chmod(0o644)
+    client = RunyardClient("http://testserver")
+    client._http = api  # the real app in-process: TestClient is an httpx.Client
+    settings = SiteSettings.load(settings_file)
+    checks = {c.name: c for c in check_identity(settings, client)}
+    assert checks["service user"].status == "FAIL"
+    assert "runs as root" in checks["service user"].detail
+    assert "User=runyard" in checks["service user"].fix
+    assert checks["secrets"].status == "FAIL" and "chmod 0600" in checks["secrets"].fix
+    assert checks["acts as its users"].status == "skip"
