@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -523,12 +523,15 @@ def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_aga
 
     from service.auth import deps
 
-    monkeypatch.setattr(deps, "REVOCATION_WINDOW", timedelta(seconds=0.2))
+    window = timedelta(seconds=0.2)
+    monkeypatch.setattr(deps, "REVOCATION_WINDOW", window)
     database_down = False
+    failed_reads: list[datetime] = []  # when each read the outage refused started
     read_revocations = deps.revoked_since
 
     def revoked_since(session: Session, since: Any) -> list[int]:
         if database_down:
+            failed_reads.append(utcnow())
             raise OperationalError("SELECT api_tokens", {}, ConnectionRefusedError())
         return read_revocations(session, since)
 
@@ -537,7 +540,15 @@ def test_a_revocation_made_while_the_watcher_cannot_read_is_seen_when_it_can_aga
     with watcher as (client, headers, revoke):
         database_down = True
         revoke()
-        time.sleep(1.0)  # several failed reads, five windows long
+        revoked_at = utcnow()
+        # Failed reads until one began more than a window after the revocation: a read
+        # back over the window from then would no longer see it.
+        wait_for(
+            "a failed read more than a window after the revocation",
+            lambda: len(failed_reads) >= 2 and failed_reads[-1] - window > revoked_at,
+            timeout_s=5,
+            interval_s=0.02,
+        )
         assert client.get("/v1/runs", headers=headers).status_code == 200, "still cached"
         database_down = False
         wait_for(
