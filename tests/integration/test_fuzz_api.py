@@ -3,17 +3,24 @@ response matches the schema it claims.
 
 The service under fuzz is a process of its own on a database of its own, with its reconciler
 off, so nothing the fuzzer creates (runs, spare targets, node events) ever reaches Slurm.
+
+Reproducible: a fixed seed (the same cases on every machine and every run), and a kept
+example database in tests/fixtures/hypothesis/, one folder per operation. A failure saves
+its shrunk case there; commit the folder with the fix, and every later run replays that
+case first, before the seeded ones.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -21,7 +28,7 @@ from schemathesis.checks import (
 )
 
 from client.devcluster import postgres
-from tests.conftest import ADMIN_UNIX_USER, mint_token
+from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, mint_token
 from tests.integration.conftest import ServiceProcess, free_port, service_state_dir
 
 pytestmark = pytest.mark.integration
@@ -30,6 +37,16 @@ FUZZ_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{FUZZ_DATABASE}"
 # Slurm-facing admin actions are exercised end to end in test_recovery.py; fuzzing them
 # would only measure an absent Slurm (this service has none configured).
 SKIPPED = {"/v1/admin/nodes/{name}/drain", "/v1/admin/nodes/{name}/resume"}
+SEED = 27  # any fixed number: the same cases every run
+EXAMPLES = REPO_ROOT / "tests" / "fixtures" / "hypothesis"
+
+
+def examples_of(operation: schemathesis.APIOperation) -> DirectoryBasedExampleDatabase:
+    """The operation's own folder of saved failing cases: Hypothesis keys a database by the
+    test function's source, the same `fuzz` for every operation, so one shared folder would
+    replay one operation's case against all the others."""
+    name = f"{operation.method.upper()} {operation.path}"
+    return DirectoryBasedExampleDatabase(EXAMPLES / re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_"))
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +90,15 @@ def test_no_server_errors_and_responses_match_the_schema(fuzz_service: ServicePr
         if operation.path in SKIPPED:
             continue
 
-        @given(case=operation.as_strategy())
+        # settings outermost: seed() alone would switch the database off.
         @settings(
-            max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=15,
+            deadline=None,
+            database=examples_of(operation),
+            suppress_health_check=list(HealthCheck),
         )
+        @seed(SEED)
+        @given(case=operation.as_strategy())
         def fuzz(case: schemathesis.Case) -> None:
             case.call_and_validate(base_url=fuzz_service.url, headers=headers, checks=checks)
 
