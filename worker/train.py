@@ -202,6 +202,7 @@ def train_loop(
     # The group's layout: the run's, with its share of data parallel (all of it for one).
     dims = ParallelDims.from_layout(sync.group_layout(config.layout), world_size)
     dims.build_mesh(device.type)
+    print(dims.describe_coordinates(), flush=True)  # every rank: the mesh it really built
     torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
 
     # Data: rank 0 packs the builtin corpus (once per cache dir), the others wait for it.

@@ -70,3 +70,14 @@ class ParallelDims:
         if not self._meshes:
             raise RuntimeError("ParallelDims.build_mesh() must run first")
         return self._meshes[name]
+
+    def describe_coordinates(self) -> str:
+        """This rank's place in the mesh it built, one line for its log: `mesh: rank R of W:
+        dp i/n tp j/n pp k/n cp l/n` (each index 0-based, of its degree). Read back from
+        each rank's log, it shows the layout the ranks actually built, not the one asked for
+        (tests/integration/test_parallel_layouts.py)."""
+        world = self.mesh("world")
+        at = dict(zip(MESH_ORDER, world.get_coordinate() or (), strict=True))
+        degrees = self.mesh_dims
+        where = " ".join(f"{dim} {at[dim]}/{degrees[dim]}" for dim in ("dp", "tp", "pp", "cp"))
+        return f"mesh: rank {world.get_rank()} of {self.world_size}: {where}"
