@@ -1,8 +1,8 @@
 """Who is who on the dev cluster, as on a site (docs/install.md, "Who a run runs as").
 
-- `runyard`: the service's own unprivileged user. A Slurm operator (drains, reservations,
-  scancel), and allowed by one sudoers rule to run `service.identity.as_owner`, and nothing
-  else, as the members of the group `runyard-users`.
+- `runyard`: the service's own unprivileged user. A Slurm administrator (AdminLevel: drains
+  need it; reservations and scancel an operator's rights), and allowed by one sudoers rule
+  to run `service.identity.as_owner`, and nothing else, as the members of `runyard-users`.
 - `alice` (team and Slurm account `vision`) and `bob` (`speech`): two users in two teams,
   members of `runyard-users`, each charged to their team's account. `ops` (account `ops`)
   is the dev admin's own login: the runs an admin submits run as `ops`.
@@ -106,15 +106,17 @@ def ensure_sudoers(python: str) -> None:
 
 
 def ensure_slurm_accounts(env: dict[str, str]) -> None:
-    """Accounts for the teams, their users in them, and the service an operator (which may
-    drain nodes, manage reservations and cancel any job, but not start steps in others'
-    jobs nor run as anyone). sacctmgr refuses what exists already: that is fine."""
+    """Accounts for the teams, their users in them, and the service a Slurm administrator:
+    slurmctld lets only root, SlurmUser and AdminLevel=Administrator update a node (drain,
+    resume); an operator may manage reservations and cancel jobs, not drain. Neither level
+    may start a step in another user's job or run anything as anyone. sacctmgr refuses what
+    exists already: that is fine."""
     teams = sorted({u.team for u in DEV_USERS})
     _run(["sacctmgr", "-i", "add", "account", ",".join(teams)], env)
     for user in DEV_USERS:
         _run(["sacctmgr", "-i", "add", "user", user.name, f"account={user.team}"], env)
     _run(["sacctmgr", "-i", "add", "user", SERVICE_USER, "account=ops"], env)
-    _run(["sacctmgr", "-i", "modify", "user", SERVICE_USER, "set", "adminlevel=operator"], env)
+    _run(["sacctmgr", "-i", "modify", "user", SERVICE_USER, "set", "adminlevel=admin"], env)
 
 
 def prepare_state_dir(state_dir: Path) -> None:
