@@ -15,7 +15,6 @@ from sqlalchemy.exc import OperationalError
 
 from service import integrations
 from service.admin.endpoints import router as admin_router
-from service.identity.endpoints import router as identity_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
 from service.db import get_engine
@@ -25,6 +24,7 @@ from service.errors import (
     install_error_handlers,
     render_unavailable,
 )
+from service.identity.endpoints import router as identity_router
 from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
 from service.notifications.endpoints import router as notifications_router

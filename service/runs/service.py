@@ -36,8 +36,8 @@ from service.runs import repository
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import AttemptOut, HfModelSpec, RunDecision, RunOut, RunSpec
-from service.tracking.spec import unavailable as trackers_unavailable
 from service.slurm.commands import SlurmError
+from service.tracking.spec import unavailable as trackers_unavailable
 
 
 def model_shape(spec: RunSpec) -> ModelShape | None:

@@ -194,9 +194,9 @@ def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
     service that then died: the next one adopts the array by name, submits nothing, and
     mints no token (minting would revoke the ones the tasks already run on)."""
     from service.config import get_settings
+    from service.identity.gate import OwnerGate
     from service.reconcile import sweeps as reconcile_sweeps
     from service.reconcile.submission import mint_worker_token
-    from service.identity.gate import OwnerGate
 
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     with reconciler_paused(service):
