@@ -56,8 +56,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
+# With the tests' fakes and shared fixtures (the fake Slurm itself is in service/slurm/).
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy service client
+	$(VENV)/bin/mypy service client tests/fixtures tests/conftest.py \
+	  tests/integration/conftest.py tests/unit/reconcile/conftest.py tests/unit/test_slurm_fake.py
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
