@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,11 @@ def test_submit_list_show_and_nodes(
         service, "run", "watch", str(run_id), "--interval-s", "0.5", "--timeout-s", "120"
     )
     assert code == 0, out
-    assert "SUCCEEDED" in out and "step" in out
+    assert f"run {run_id} SUCCEEDED" in out, out
+    # Into a pipe, watch prints a progress line whenever the step moved: rising steps, up
+    # to the last one, each with a loss.
+    shown = [int(step) for step in re.findall(r"step +(\d+)/20  loss \d+\.\d{4} ", out)]
+    assert shown and shown == sorted(set(shown)) and shown[-1] == 20, out
     code, out = cli(service, "run", "checkpoints", str(run_id), "--json")
     assert [c["step"] for c in json.loads(out) if c["state"] == "COMMITTED"] == [10, 20]
 

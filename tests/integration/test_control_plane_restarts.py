@@ -10,6 +10,7 @@ last outage, with metrics buffered by the worker meanwhile.)"""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,26 @@ from tests.conftest import TEST_DATABASE, wait_for
 from tests.integration.conftest import Agents, ServiceProcess, committed, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
-OUTAGE_S = 5  # long enough for several reconcile ticks and worker reports to fail
+# What an outage must have cost before it ends: reconcile ticks failed in the service's log
+# (its leader lock cannot reach Postgres; a tick cannot read Slurm), and for Postgres the
+# worker's own word that a progress report failed.
+POSTGRES_DOWN = "leader lock: cannot reach Postgres"
+SLURM_DOWN = "reconcile tick failed"
+FAILED_TICKS = 3
+FAILED_REPORT = "progress report failed, will retry"
+REPORTS_BACK = "progress reports delivered again"
+
+
+def rank0_log(service: ServiceProcess, slurm_job_id: str) -> str:
+    """Rank 0's output (its reporter's warnings among it), read from the job folder: the
+    API that serves it is down for part of this test."""
+    jobs = Path(service.settings["RUNYARD_STATE_DIR"]) / "jobs"
+    found = sorted(jobs.glob(f"*/attempt-*/{slurm_job_id}_0_log.out"))
+    return found[0].read_text(errors="replace") if found else ""
+
+
+def log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
@@ -35,6 +55,15 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
     run_id = client.submit_run(tiny_spec("control-plane-restarts", steps=steps))["id"]
     first = wait_for("a committed checkpoint", lambda: committed(client, run_id), timeout_s=120)[0]
     wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
+    job_id = client.get_run(run_id)["attempts"][0]["slurm_job_id"]
+
+    def failed_ticks(line: str, since: int) -> int:
+        """How often the service logged `line` after byte `since` of its log."""
+        with service.log.open("rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace").count(line)
+
+    since = log_size(service.log)
 
     version, name = next((v, n) for v, n, _ in postgres._clusters())
     pg = ["pg_ctlcluster", "--skip-systemctl-redirect", version, name]
@@ -46,18 +75,38 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
         # A reader is told what is wrong in one line, not handed an HTML 500.
         assert refused.value.status == 503, refused.value.message
         assert refused.value.body["error"] == "database_unavailable"
-        subprocess.run(["sleep", str(OUTAGE_S)], check=True)
+        wait_for(
+            "reconcile ticks and a worker report to fail",
+            lambda: (
+                failed_ticks(POSTGRES_DOWN, since) >= FAILED_TICKS
+                and FAILED_REPORT in rank0_log(service, job_id)
+            ),
+            timeout_s=30,
+        )
     finally:
         subprocess.run([*pg, "start"], check=True)
     wait_for("the API back", service.healthy, timeout_s=30)
 
+    wait_for(
+        "the worker's reports delivered again",
+        lambda: REPORTS_BACK in rank0_log(service, job_id),
+        timeout_s=30,
+    )
+
     table = slurm_cluster.table.load()
+    since = log_size(service.log)
     subprocess.run(["kill", "-9", str(table["slurmctld"].pid)], check=True)
     try:
         step_before = client.get_run(run_id)["last_step"] or 0
-        subprocess.run(["sleep", str(OUTAGE_S)], check=True)
         # Training goes on without the controller: the steps already run need no slurmctld.
-        assert (client.get_run(run_id)["last_step"] or 0) > step_before
+        wait_for(
+            "reconcile ticks to fail and steps to be trained without slurmctld",
+            lambda: (
+                failed_ticks(SLURM_DOWN, since) >= FAILED_TICKS
+                and (client.get_run(run_id)["last_step"] or 0) > step_before
+            ),
+            timeout_s=30,
+        )
     finally:
         cluster.up(cluster=slurm_cluster, with_service=False, say=lambda _: None)
 

@@ -224,10 +224,16 @@ def test_prolog_and_epilog_reach_the_service_through_the_agent(site: Site, tmp_p
         events = client.get_node(node)["events"]
         return [e for e in events if e["kind"].startswith("slurm:job_")]
 
-    seen = wait_for("the agent to deliver both hook events", lambda: len(job_events()) == 2)
-    assert seen
-    assert sorted(e["kind"] for e in job_events()) == ["slurm:job_end", "slurm:job_start"]
-    assert all("job 987654 (hooked)" in e["message"] for e in job_events())
+    def both_phases() -> list[dict[str, Any]] | None:
+        events = job_events()
+        return events if len(events) == 2 else None
+
+    delivered = wait_for("the agent to deliver both hook events", both_phases)
+    # Each phase as itself: the prolog's start, the epilog's end, of this job on this node.
+    assert {e["kind"]: e["message"] for e in delivered} == {
+        "slurm:job_start": f"job 987654 (hooked) started on {node}",
+        "slurm:job_end": f"job 987654 (hooked) ended on {node}",
+    }
 
 
 def accounting_on(conf: str) -> bool:

@@ -74,7 +74,17 @@ def test_an_entrypoint_script_resumes_on_a_spare_from_its_own_checkpoint(
     assert f"step_{resume_step:08d}.pt at step {resume_step}" in log, log[-2000:]
     steps = [m["step"] for m in client.run_metrics(run_id, after_step=resume_step)]
     assert min(steps) == resume_step + 1  # the script went on from there, not from 0
-    assert final["goodput"]["goodput"] > 0
+    # The Xid's cost, each part where it belongs, as for runyard's own trainer: the steps
+    # after the resumed checkpoint (trained twice, or lost while undetected), the drain and
+    # resubmission, the new attempt's start and checkpoint load; the rest was productive.
+    goodput = final["goodput"]
+    lost = goodput["lost"]
+    assert 0 < goodput["goodput"] < 1, goodput
+    assert lost["recomputed_steps_s"] + lost["detection_s"] > 0, lost
+    assert lost["drain_and_resubmit_s"] > 0 and lost["startup_and_load_s"] > 0, lost
+    assert goodput["productive_s"] == pytest.approx(
+        goodput["allocated_s"] - sum(lost.values()), abs=0.01
+    ), goodput
 
 
 @pytest.mark.timeout(600)

@@ -1,8 +1,10 @@
-"""Watching a run that survives an Xid 79, as its user and as on-call see it.
+"""A run that survives an Xid 79, as the service handles it and as its user and on-call
+see it.
 
-One real run on the dev cluster (its cost is ~1 minute) serves every assertion: the live
-view on a pseudo-terminal, `run logs -f` across both attempts, /metrics scraped before and
-during the recovery, and the report of the finished run opened in headless Chromium.
+One real run on the dev cluster (its cost is ~1 minute) serves every assertion: the drain
+and the move onto the spare with what it cost, the live view on a pseudo-terminal, `run
+logs -f` across both attempts, /metrics scraped before and during the recovery, and the
+report of the finished run opened in headless Chromium.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -21,10 +24,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client.api import ApiError, RunyardClient
+from client.devcluster.cluster import DevCluster
 from tests.conftest import REPO_ROOT, wait_for
 from tests.fixtures.chromium import loaded_images, screenshot
 from tests.fixtures.terminal import Screen, Terminal
-from tests.integration.conftest import Agents, ServiceProcess, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, drain_reason, tiny_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
@@ -62,7 +66,8 @@ def bar_filled(screen: Screen) -> int:
     """Cells of the bar drawn in the "done" colour: rich draws the rest of the bar with
     the same character in another colour, so only the colours tell how full it is."""
     line = next((ln for ln in screen.text.splitlines() if STEP.search(ln)), "")
-    colours = screen.line_colours(STEP.search(line).group(0) if STEP.search(line) else "\0")
+    found = STEP.search(line)
+    colours = screen.line_colours(found.group(0) if found else "\0")
     start = next((i for i, ch in enumerate(line) if ch in "━╸"), None)
     if start is None:
         return 0
@@ -79,6 +84,9 @@ def bar_filled(screen: Screen) -> int:
 class Observed:
     run_id: int
     failed_node: str
+    placed: list[str]  # attempt 1's nodes
+    spare: str  # the pool's spare while attempt 1 trained
+    drain_reason: str  # Slurm's, for the failed node, once drained
     early: Screen  # the live view some steps into attempt 1
     later: Screen  # ... and a few steps after that
     failure: Screen  # the first screen that showed the Xid
@@ -93,9 +101,12 @@ class Observed:
 
 @pytest.fixture(scope="module")
 def observed(
-    service: ServiceProcess, agents: Agents, tmp_path_factory: pytest.TempPathFactory
+    service: ServiceProcess,
+    agents: Agents,
+    slurm_cluster: DevCluster,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Observed]:
-    client = service.client()
+    client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(1)
     wait_for("a spare in the pool", lambda: client.get_spares()["members"])
     run_id = client.submit_run(tiny_spec("observed", steps=200))["id"]
@@ -118,9 +129,16 @@ def observed(
         )
         wait_for("a committed checkpoint", lambda: client.run_checkpoints(run_id))
         before = scrape(service)
-        failed_node = client.get_run(run_id)["nodes"][1]
+        # Read once the run is placed: the service may move its spare before that.
+        placed, (spare,) = client.get_run(run_id)["nodes"], client.get_spares()["members"]
+        failed_node = placed[1]
         agents.append(failed_node, XID_79)
         failure = watch.wait_for("the Xid 79", lambda t: "xid:79" in t, timeout_s=60)
+        drained = wait_for(
+            f"{failed_node} drained in Slurm with the Xid in its reason",
+            lambda: xid_in(drain_reason(failed_node, conf)),
+            timeout_s=30,
+        )
         wait_for(
             "the recovery to finish (training again)",
             lambda: any(
@@ -134,6 +152,9 @@ def observed(
         yield Observed(
             run_id=run_id,
             failed_node=failed_node,
+            placed=placed,
+            spare=spare,
+            drain_reason=drained,
             early=early,
             later=later,
             failure=failure,
@@ -152,6 +173,10 @@ def observed(
         _return_nodes(client)
 
 
+def xid_in(reason: str) -> str | None:
+    return reason if "xid:79" in reason else None
+
+
 def _step(text: str) -> int:
     found = STEP.search(text)
     return int(found.group(1)) if found else -1
@@ -167,6 +192,47 @@ def _return_nodes(client: RunyardClient) -> None:
                 client.resume_node(node["name"])
             except ApiError as exc:
                 print(f"could not resume {node['name']}: {exc.message}")
+
+
+def test_the_xid_drains_the_node_and_the_spare_takes_over(
+    observed: Observed, service: ServiceProcess
+) -> None:
+    client, bad, spare = service.client(), observed.failed_node, observed.spare
+    assert len(observed.placed) == 2 and spare not in observed.placed
+    assert "xid:79" in observed.drain_reason
+    final = client.get_run(observed.run_id)
+    assert final["state"] == "SUCCEEDED", final["state_reason"]
+    first, second = final["attempts"]
+    assert sorted(first["nodes"]) == sorted(observed.placed)
+    # Attempt 2 on the healthy node and the spare, from the newest checkpoint committed
+    # before it was submitted.
+    healthy = [n for n in observed.placed if n != bad]
+    assert sorted(second["nodes"]) == sorted([*healthy, spare])
+    submitted = datetime.fromisoformat(second["submitted_at"])
+    newest = max(
+        c["step"]
+        for c in client.run_checkpoints(observed.run_id)
+        if c["committed_at"] and datetime.fromisoformat(c["committed_at"]) < submitted
+    )
+    assert second["resume_step"] == newest
+    assert final["num_hardware_restarts"] == 1 and final["num_restarts"] == 1
+    assert client.get_node(bad)["state"] == "DRAINED"
+
+    incident = next(i for i in client.list_incidents() if i["run_id"] == observed.run_id)
+    assert incident["signal"] == "xid:79" and incident["node_name"] == bad
+    assert incident["spare_node"] == spare
+    assert incident["state"] == "RESOLVED" and incident["recovery_s"] is not None
+    for stamp in ("drained_at", "attempt_ended_at", "submitted_at", "running_at", "first_step_at"):
+        assert incident[stamp], stamp
+    print(f"recovery: signal -> first resumed step {incident['recovery_s']:.1f} s")
+
+    goodput = final["goodput"]
+    assert 0 < goodput["goodput"] < 1
+    lost = goodput["lost"]
+    assert lost["recomputed_steps_s"] + lost["detection_s"] > 0
+    assert lost["drain_and_resubmit_s"] > 0 and lost["startup_and_load_s"] > 0
+    kinds = [e["kind"] for e in client.run_events(observed.run_id)]
+    assert "recovery.spare_assigned" in kinds
 
 
 def test_watch_shows_the_bar_move_and_the_failure(observed: Observed) -> None:

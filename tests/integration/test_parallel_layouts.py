@@ -9,13 +9,14 @@ in tests/unit/worker/test_worker_layouts.py; here the point is the whole path: t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from client.api import RunyardClient
 from tests.conftest import TEST_DATABASE, wait_for
-from tests.integration.conftest import Agents, ServiceProcess, slurm, tiny_spec
+from tests.integration.conftest import Agents, ServiceProcess, ended, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -33,47 +34,95 @@ def losses_by_attempt(client: RunyardClient, run_id: int) -> dict[int, dict[int,
     return found
 
 
-@pytest.mark.parametrize(
-    ("name", "cluster", "parallelism", "layout"),
-    [
-        # Tensor (and sequence) parallel between the 2 ranks of one node.
-        ("tp2", {"nodes": 1, "gpus_per_node": 2}, {"dp": 1, "tp": 2}, {"tp": 2, "dp": 1}),
-        # Two pipeline stages on two nodes, 1F1B over 2 micro batches.
-        ("pp2", {"nodes": 2, "gpus_per_node": 1}, {"pp": 2}, {"pp": 2, "dp": 1}),
-        # FSDP (ZeRO-3) over 2 nodes x 2 ranks.
-        ("fsdp4", {"nodes": 2, "gpus_per_node": 2}, {"zero_stage": 3},
-         {"dp": 4, "zero_stage": 3}),
-        # Context parallel over 2 ranks, data parallel over the 2 nodes.
-        ("cp2xdp2", {"nodes": 2, "gpus_per_node": 2}, {"cp": 2}, {"cp": 2, "dp": 2}),
-    ],
-)  # fmt: skip
-def test_a_pinned_layout_trains_to_the_end(
-    service: ServiceProcess,
-    name: str,
-    cluster: dict[str, int],
-    parallelism: dict[str, Any],
-    layout: dict[str, int],
-) -> None:
+@dataclass(frozen=True)
+class Pinned:
+    cluster: dict[str, int]
+    parallelism: dict[str, Any]
+    layout: dict[str, int]  # what the service must resolve it to
+    # Each rank's place in the mesh, as the worker prints it (worker/parallel/parallel_dims.py,
+    # ParallelDims.describe_coordinates): ranks run dp outermost, then pp, cp, and tp
+    # innermost, so tensor-parallel peers are adjacent ranks on one node.
+    ranks: tuple[str, ...]
+
+
+PINNED = {
+    # Tensor (and sequence) parallel between the 2 ranks of one node.
+    "tp2": Pinned({"nodes": 1, "gpus_per_node": 2}, {"dp": 1, "tp": 2}, {"tp": 2, "dp": 1},
+                  ("dp 0/1 tp 0/2 pp 0/1 cp 0/1", "dp 0/1 tp 1/2 pp 0/1 cp 0/1")),
+    # Two pipeline stages on two nodes, 1F1B over 2 micro batches.
+    "pp2": Pinned({"nodes": 2, "gpus_per_node": 1}, {"pp": 2}, {"pp": 2, "dp": 1},
+                  ("dp 0/1 tp 0/1 pp 0/2 cp 0/1", "dp 0/1 tp 0/1 pp 1/2 cp 0/1")),
+    # FSDP (ZeRO-3) over 2 nodes x 2 ranks.
+    "fsdp4": Pinned({"nodes": 2, "gpus_per_node": 2}, {"zero_stage": 3},
+                    {"dp": 4, "zero_stage": 3},
+                    tuple(f"dp {r}/4 tp 0/1 pp 0/1 cp 0/1" for r in range(4))),
+    # Context parallel over 2 ranks, data parallel over the 2 nodes.
+    "cp2xdp2": Pinned({"nodes": 2, "gpus_per_node": 2}, {"cp": 2}, {"cp": 2, "dp": 2},
+                      ("dp 0/2 tp 0/1 pp 0/1 cp 0/2", "dp 0/2 tp 0/1 pp 0/1 cp 1/2",
+                       "dp 1/2 tp 0/1 pp 0/1 cp 0/2", "dp 1/2 tp 0/1 pp 0/1 cp 1/2")),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayoutRun:
+    submitted: dict[str, Any]  # the service's answer to the submission
+    final: dict[str, Any]  # the run once it ended
+
+
+@pytest.fixture(scope="module")
+def layout_runs(service: ServiceProcess) -> dict[str, LayoutRun]:
+    """The four pinned layouts (7 of the 8 nodes), submitted together and waited for
+    together: each is short, and most of a run's time is its start, which they share."""
     client = service.client()
-    spec = tiny_spec(
-        f"layout-{name}",
-        model="tiny",  # two blocks: pp2 puts one on each stage
-        steps=24,
-        checkpoint_every=8,
-        parallelism=parallelism,
-        **cluster,
+    submitted = {
+        name: client.submit_run(
+            tiny_spec(
+                f"layout-{name}",
+                model="tiny",  # two blocks: pp2 puts one on each stage
+                steps=24,
+                checkpoint_every=8,
+                parallelism=pinned.parallelism,
+                **pinned.cluster,
+            )
+        )
+        for name, pinned in PINNED.items()
+    }
+
+    def all_ended() -> dict[str, dict[str, Any]] | None:
+        runs = {name: ended(client, run["id"]) for name, run in submitted.items()}
+        return {name: run for name, run in runs.items() if run} if all(runs.values()) else None
+
+    finals = wait_for(
+        "the four layout runs to end",
+        all_ended,
+        timeout_s=480,
+        context=lambda: {
+            name: [e["message"] for e in client.run_events(run["id"])][-4:]
+            for name, run in submitted.items()
+        },
     )
-    run = client.submit_run(spec)
-    for field, value in layout.items():
+    return {name: LayoutRun(submitted[name], finals[name]) for name in PINNED}
+
+
+def mesh_lines(client: RunyardClient, run_id: int, rank: int) -> list[str]:
+    log = client.run_logs(run_id, attempt=1, rank=rank)["text"]
+    return [line for line in log.splitlines() if line.startswith("mesh: ")]
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_a_pinned_layout_trains_to_the_end_on_the_mesh_it_asked_for(
+    service: ServiceProcess, layout_runs: dict[str, LayoutRun], name: str
+) -> None:
+    client, pinned = service.client(), PINNED[name]
+    run, final = layout_runs[name].submitted, layout_runs[name].final
+    for field, value in pinned.layout.items():
         assert run["layout"][field] == value, (field, run["layout"])
-    wait_for(
-        f"the {name} run to succeed",
-        lambda: client.get_run(run["id"])["state"] in ("SUCCEEDED", "FAILED"),
-        timeout_s=300,
-        context=lambda: [e["message"] for e in client.run_events(run["id"])][-8:],
-    )
-    final = client.get_run(run["id"])
     assert final["state"] == "SUCCEEDED", final["state_reason"]
+    # Every rank built its share of the layout: a worker that trained plain data parallel
+    # whatever the layout would print dp r/W on every rank.
+    world = len(pinned.ranks)
+    for rank, where in enumerate(pinned.ranks):
+        assert mesh_lines(client, run["id"], rank) == [f"mesh: rank {rank} of {world}: {where}"]
     assert committed(client, run["id"])[-2:] == [16, 24]
     (steps,) = losses_by_attempt(client, run["id"]).values()
     assert sorted(steps) == list(range(1, 25))

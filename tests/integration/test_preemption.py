@@ -70,7 +70,11 @@ def test_prod_run_preempts_a_scavenger_run(
             ),
             timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
-        assert first
+        # Its commits at its own cadence, and no node left free: the prod run can start
+        # only on the scavenger's nodes.
+        assert all(c["step"] % spec["checkpoint_every"] == 0 for c in first), first
+        free = slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split()
+        assert free == [], f"{free} idle: the prod run would not need to preempt"
         # The prod run is the scavenger's uninterrupted twin: the same spec (seed, data,
         # schedule) at another priority, so its losses are what the scavenger's must be.
         prod = client.submit_run({**spec, "name": "prod", "priority": "prod"})["id"]
@@ -91,12 +95,15 @@ def test_prod_run_preempts_a_scavenger_run(
             (c for c in client.run_checkpoints(scavenger) if c["committed_at"]),
             key=lambda c: c["step"],
         )
-        # Seen at the next progress report (every 2 s), then one step and one checkpoint.
+        # The yield is a checkpoint of its own, taken once the stop was asked for, at the
+        # step the scavenger stopped: nothing it trained is lost. (How fast is measured by
+        # bench/, not bounded here.)
         latency = (
             datetime.fromisoformat(yielded["committed_at"])
             - datetime.fromisoformat(asked["created_at"])
         ).total_seconds()
-        assert latency < 10, latency
+        assert latency > 0, (yielded, asked)
+        assert yielded["step"] == max(losses(client, scavenger, stopped["id"])), yielded
         print(
             f"yield: stop asked -> checkpoint committed in {latency:.2f} s "
             f"at step {yielded['step']}"

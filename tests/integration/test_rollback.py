@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,16 @@ def test_a_nan_rolls_back_skips_the_window_and_finishes(
     assert "non-finite loss (nan) at step 13" in rollback["message"]
     kinds = [e["kind"] for e in client.run_events(run_id)]
     assert "run.rolled_back" in kinds
-    assert run["goodput"]["lost"]["rolled_back_s"] >= 0.0
+    # Attempt 1's steps after the step-10 commit were thrown away with their data, never
+    # trained again: their time is rolled back, none of it recomputed, and it is a part of
+    # attempt 1's training time.
+    lost = run["goodput"]["lost"]
+    first = attempts[0]
+    trained_s = (
+        datetime.fromisoformat(first["ended_at"]) - datetime.fromisoformat(first["first_step_at"])
+    ).total_seconds()
+    assert 0 < lost["rolled_back_s"] < trained_s, (lost, trained_s)
+    assert lost["recomputed_steps_s"] == 0, lost
 
     # Attempt 2's losses are a run's that never saw steps 11-15's data.
     second = attempts[1]["id"]
