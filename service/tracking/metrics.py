@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import func, literal_column, select
 
 from service.db import session_scope
 from service.models import (
@@ -47,10 +47,12 @@ class IntegrationsCollector(Collector):
         )
         try:
             with session_scope() as session:
+                # One expression, no bound parameter: Postgres matches the GROUP BY to it.
+                bad = (TrackerExport.num_failures > literal_column("0")).label("failing")
                 rows = session.execute(
-                    select(TrackerExport.tracker, TrackerExport.num_failures > 0, func.count())
+                    select(TrackerExport.tracker, bad, func.count())
                     .where(TrackerExport.state == ExportState.EXPORTING)
-                    .group_by(TrackerExport.tracker, TrackerExport.num_failures > 0)
+                    .group_by(TrackerExport.tracker, bad)
                 ).all()
                 waiting, since = session.execute(
                     select(func.count(), func.min(NotificationDelivery.created_at)).where(

@@ -66,3 +66,17 @@ def test_the_rules_read_metrics_the_service_exports() -> None:
         for name in set(re.findall(r"runyard_[a-z_]+", rule["expr"])):
             base = re.sub(r"_(total|bucket)$", "", name)
             assert f'"{base}' in source, f"{rule['alert']} reads {name}, which nothing exports"
+
+
+def test_the_integrations_gauges_are_read_from_postgres(database_url: str) -> None:
+    """The alerts on trackers and notifications read gauges made at scrape time: the
+    collector answers on the real (migrated) database instead of logging an error."""
+    from service.tracking.metrics import IntegrationsCollector
+
+    names = {family.name for family in IntegrationsCollector().collect()}
+    assert names == {
+        "runyard_tracker_exports_failing",
+        "runyard_tracker_exports_unfinished",
+        "runyard_notification_deliveries_pending",
+        "runyard_notification_oldest_pending_age_seconds",
+    }
