@@ -100,7 +100,10 @@ def test_two_teams_runs_run_as_their_owners_and_both_recover_onto_a_spare(
             bad = client.get_run(runs[user])["nodes"][1]
             agents.append(bad, XID_79.format(pid=os.getpid()))
             wait_for(
-                f"{bad} drained", lambda b=bad: "xid:79" in drain_reason(b, conf), timeout_s=30
+                f"{bad} drained",
+                lambda b=bad: "xid:79" in drain_reason(b, conf),
+                timeout_s=30,
+                context=lambda: (admin.list_incidents()[-3:], service.log.read_text()[-3000:]),
             )
         for user, client in clients.items():
             second = wait_for(
