@@ -212,7 +212,15 @@ def test_tp2_pp2_groups_lose_a_node_the_survivor_trains_through_and_the_replacem
 
     agents.append(bad, XID_79.format(pid=os.getpid()))
 
-    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    wait_for(
+        f"{bad} drained",
+        lambda: "xid:79" in drain_reason(bad, conf),
+        timeout_s=30,
+        context=lambda: (
+            [n for n in client.list_nodes() if n["name"] == bad],
+            [i for i in client.list_incidents() if i.get("node_name") == bad],
+        ),
+    )
     at_drain = client.get_run(run_id)["last_step"]
     replacement = wait_for(
         "the replacement group running on the spare",
