@@ -70,6 +70,14 @@ POLICY: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/admin/users/{user}/link"): ADMINS,
     ("GET", "/v1/admin/users"): ADMINS,
     ("GET", "/v1/admin/service-identity"): ADMINS,
+    ("GET", "/v1/plans/calibration"): USERS,
+    ("GET", "/v1/plans/accuracy"): USERS,
+    ("GET", "/v1/runs/{run_id}/tracking"): USERS,
+    ("POST", "/v1/notifications"): USERS,
+    ("GET", "/v1/notifications"): USERS,
+    ("DELETE", "/v1/notifications/{subscription_id}"): USERS,
+    ("POST", "/v1/notifications/{subscription_id}/test"): USERS,
+    ("GET", "/v1/notifications/deliveries"): USERS,
     ("GET", "/metrics"): PUBLIC,
 }
 ALLOWED = {
@@ -194,6 +202,7 @@ def concrete(path: str, world: World) -> str:
         "name": world.node,
         "token_id": 999999,
         "sweep_id": 999999,
+        "subscription_id": 999999,
         "team": "alpha",
         "user": "user-1",
     }
