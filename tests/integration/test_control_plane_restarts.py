@@ -9,6 +9,7 @@ last outage, with metrics buffered by the worker meanwhile.)"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,13 +23,12 @@ from tests.integration.conftest import Agents, ServiceProcess, committed, slurm,
 
 pytestmark = pytest.mark.integration
 # What an outage must have cost before it ends: reconcile ticks failed in the service's log
-# (its leader lock cannot reach Postgres; a tick cannot read Slurm), and for Postgres the
-# worker's own word that a progress report failed.
+# (its leader lock cannot reach Postgres; a tick cannot read Slurm), for Postgres the
+# worker's own word that a progress report failed, for slurmctld steps trained meanwhile.
 POSTGRES_DOWN = "leader lock: cannot reach Postgres"
 SLURM_DOWN = "reconcile tick failed"
-FAILED_TICKS = 3
 FAILED_REPORT = "progress report failed, will retry"
-REPORTS_BACK = "progress reports delivered again"
+STEPS = 600  # paced at 60 ms: longer than the three outages together
 
 
 def rank0_log(service: ServiceProcess, slurm_job_id: str) -> str:
@@ -43,6 +43,12 @@ def log_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def last_step_printed(log: str) -> int:
+    """The last step rank 0 printed (`step N/600 ...`, at the end of each report window)."""
+    printed = re.findall(rf"^step (\d+)/{STEPS} ", log, re.MULTILINE)
+    return int(printed[-1]) if printed else 0
+
+
 def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
     service: ServiceProcess, agents: Agents, slurm_cluster: DevCluster
 ) -> None:
@@ -51,7 +57,7 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
     worker buffers what it cannot deliver while the service or its database is down); while
     Postgres is down the API answers 503 database_unavailable."""
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
-    steps = 400
+    steps = STEPS
     run_id = client.submit_run(tiny_spec("control-plane-restarts", steps=steps))["id"]
     first = wait_for("a committed checkpoint", lambda: committed(client, run_id), timeout_s=120)[0]
     wait_for("steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first + 3)
@@ -78,7 +84,7 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
         wait_for(
             "reconcile ticks and a worker report to fail",
             lambda: (
-                failed_ticks(POSTGRES_DOWN, since) >= FAILED_TICKS
+                failed_ticks(POSTGRES_DOWN, since) >= 3
                 and FAILED_REPORT in rank0_log(service, job_id)
             ),
             timeout_s=30,
@@ -87,25 +93,21 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
         subprocess.run([*pg, "start"], check=True)
     wait_for("the API back", service.healthy, timeout_s=30)
 
-    wait_for(
-        "the worker's reports delivered again",
-        lambda: REPORTS_BACK in rank0_log(service, job_id),
-        timeout_s=30,
-    )
-
     table = slurm_cluster.table.load()
     since = log_size(service.log)
     subprocess.run(["kill", "-9", str(table["slurmctld"].pid)], check=True)
     try:
-        step_before = client.get_run(run_id)["last_step"] or 0
         # Training goes on without the controller: the steps already run need no slurmctld.
+        # Read from rank 0's own output: its reports may still be backing off from the
+        # Postgres outage.
+        step_before = last_step_printed(rank0_log(service, job_id))
         wait_for(
-            "reconcile ticks to fail and steps to be trained without slurmctld",
+            "a reconcile tick to fail and steps to be trained without slurmctld",
             lambda: (
-                failed_ticks(SLURM_DOWN, since) >= FAILED_TICKS
-                and (client.get_run(run_id)["last_step"] or 0) > step_before
+                failed_ticks(SLURM_DOWN, since) >= 1
+                and last_step_printed(rank0_log(service, job_id)) > step_before
             ),
-            timeout_s=30,
+            timeout_s=60,
         )
     finally:
         cluster.up(cluster=slurm_cluster, with_service=False, say=lambda _: None)

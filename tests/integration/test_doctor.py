@@ -32,7 +32,7 @@ class Site:
     def __init__(self, service: ServiceProcess, agents: Agents, dev: DevCluster, root: Path):
         self.service, self.agents, self.dev = service, agents, dev
         self.checkpoints = root / "checkpoints"
-        self.checkpoints.mkdir()
+        self.checkpoints.mkdir(exist_ok=True)  # the state folder's shared root (issue 28)
 
     def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
         env = {
