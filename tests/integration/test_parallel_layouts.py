@@ -117,12 +117,12 @@ def test_a_pinned_layout_trains_to_the_end_on_the_mesh_it_asked_for(
     run, final = layout_runs[name].submitted, layout_runs[name].final
     for field, value in pinned.layout.items():
         assert run["layout"][field] == value, (field, run["layout"])
-    assert final["state"] == "SUCCEEDED", final["state_reason"]
     # Every rank built its share of the layout: a worker that trained plain data parallel
     # whatever the layout would print dp r/W on every rank.
     world = len(pinned.ranks)
     for rank, where in enumerate(pinned.ranks):
         assert mesh_lines(client, run["id"], rank) == [f"mesh: rank {rank} of {world}: {where}"]
+    assert final["state"] == "SUCCEEDED", final["state_reason"]
     assert committed(client, run["id"])[-2:] == [16, 24]
     (steps,) = losses_by_attempt(client, run["id"]).values()
     assert sorted(steps) == list(range(1, 25))
