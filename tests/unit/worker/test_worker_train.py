@@ -106,8 +106,15 @@ class ActAfterStep(FileReporter):
         super().__init__(path)
         self.at, self.action = at, action
 
-    def metric(self, step: int, loss: float, tokens_per_s: float, step_time_s: float) -> None:
-        super().metric(step, loss, tokens_per_s, step_time_s)
+    def metric(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        step_time_s: float,
+        lr: float | None = None,
+    ) -> None:
+        super().metric(step, loss, tokens_per_s, step_time_s, lr)
         if step == self.at:
             self.action(self)
 
