@@ -73,16 +73,16 @@ def own_data_and_checkpoint(root: Path) -> tuple[Path, Path]:
 
 @pytest.mark.timeout(600)
 def test_train_from_hugging_face_on_own_data_and_export(
-    service: ServiceProcess, tmp_path: Path
+    service: ServiceProcess, shared_path: Path
 ) -> None:
-    data, hf = own_data_and_checkpoint(tmp_path)
+    data, hf = own_data_and_checkpoint(shared_path)
     spec = {
         "name": "from-hf", "model": {"from_hf": str(hf)}, "data": str(data), "nodes": 2,
         "gpus_per_node": 1, "seq_len": 64, "global_batch": 8, "steps": 40, "lr": 3e-3,
         "checkpoint_every": 20, "eval_every": 20, "max_restarts": 0,
     }  # fmt: skip
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
-    code, out = cli(service, "run", "submit", str(tmp_path / "run.yaml"), "--json")
+    (shared_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    code, out = cli(service, "run", "submit", str(shared_path / "run.yaml"), "--json")
     assert code == 0, out
     run = json.loads(out)
     assert run["model_shape"]["vocab"] == VOCAB and run["model_shape"]["hidden"] == 64
@@ -91,7 +91,7 @@ def test_train_from_hugging_face_on_own_data_and_export(
     )
     assert code == 0 and "SUCCEEDED" in out, out
 
-    exported = tmp_path / "exported"
+    exported = shared_path / "exported"
     code, out = cli(
         service, "run", "export", str(run["id"]), "--format", "hf", "--out", str(exported), "--json"
     )
@@ -113,10 +113,10 @@ def test_train_from_hugging_face_on_own_data_and_export(
     assert generated.shape[1] > prompt["input_ids"].shape[1] and text.startswith("def __init__")
 
     code, out = cli(
-        service, "run", "export", str(run["id"]), "--step", "20", "--out", str(tmp_path / "s20")
+        service, "run", "export", str(run["id"]), "--step", "20", "--out", str(shared_path / "s20")
     )
     assert code == 0, out
     code, out = cli(
-        service, "run", "export", str(run["id"]), "--step", "7", "--out", str(tmp_path / "s7")
+        service, "run", "export", str(run["id"]), "--step", "7", "--out", str(shared_path / "s7")
     )
     assert code == Exit.USAGE and "no committed checkpoint at step 7 (committed: 20, 40)" in out
