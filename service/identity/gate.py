@@ -20,6 +20,7 @@ import base64
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, e
 
 # sbatch through submitit starts an interpreter, imports submitit and waits for slurmctld.
 TIMEOUT_S = 60.0
+JOB_ID = re.compile(r"[0-9]{1,12}")
 # Environment variables a job inherits from the service: the fault hooks of the tests.
 FORWARDED_TO_JOBS = ("RUNYARD_FAULT",)
 # sudo's own refusals (its stderr), as opposed to the program's answer on stdout.
@@ -59,12 +61,12 @@ class OwnerGate:
         answer = self._call(
             req.owner, "submit", {"request": encode_request(req), "worker_token": worker_token}
         )
-        return str(answer)
+        return job_id_of(answer, req.owner)
 
     def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str:
         """sbatch a sweep's job array as its owner; the array's job id."""
         payload = {"request": encode_request(req), "worker_tokens": list(worker_tokens)}
-        return str(self._call(req.owner, "submit_array", payload))
+        return job_id_of(self._call(req.owner, "submit_array", payload), req.owner)
 
     def finish_submission(
         self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
@@ -160,6 +162,18 @@ class OwnerGate:
         except KeyError:
             raise _no_such_user(owner.unix_user) from None
         return _answer_of(owner.unix_user, op, done)
+
+
+def job_id_of(answer: object, owner: RunOwner) -> str:
+    """The job id the owner's program answered with: digits only. The answer comes from a
+    process the owner could tamper with, and the id goes on to scancel's command line."""
+    job_id = str(answer)
+    if not JOB_ID.fullmatch(job_id):
+        raise OwnerAccessError(
+            OwnerFailure.INVALID,
+            f"sbatch as {owner.unix_user} answered {job_id[:40]!r}, not a job id",
+        )
+    return job_id
 
 
 def owner_python() -> str:

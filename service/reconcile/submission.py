@@ -114,6 +114,7 @@ def submit_attempts(
         return
     try:
         orphans = slurm.jobs_by_name(f"{job_prefix}-")
+        orphans = owners_own(slurm, orphans, {r.job_name: r.owner.unix_user for r in todo})
     except SlurmError as exc:
         log.warning("cannot list the queued jobs, submitting next pass: %s", exc)
         return  # submitting blind could queue an attempt twice
@@ -129,6 +130,7 @@ def submit_attempts(
                 # Minted only for a fresh submission: an adopted job already runs on the
                 # token written before the crash, and minting revokes it.
                 job_id = slurm.submit(req, mint_worker_token(req.run_id, req.attempt_id))
+                check_submitted(slurm, job_id, req.owner.unix_user)
             else:  # the crash may have come between sbatch and submitit's last step
                 slurm.finish_submission(req.owner, req.job_folder, {req.attempt_id: job_id})
         except SlurmUnreachable as exc:
@@ -154,6 +156,38 @@ def submit_attempts(
             )
             timeline.attempt_submitted(session, owner.id)
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
+
+
+def owners_own(slurm: SlurmClient, named: dict[str, str], owners: dict[str, str]) -> dict[str, str]:
+    """The jobs found by name that run as the attempt's owner. Names and ids are no secret
+    (squeue shows them to everyone), so another user could queue a job named like the next
+    attempt of someone's run: adopted, it would stand in for that attempt. One batched
+    `scontrol show job` for the candidates (there are some only after a crash)."""
+    candidates = {name: job for name, job in named.items() if name in owners}
+    if not candidates:
+        return {}
+    details = slurm.job_details(list(candidates.values()))
+    kept = {}
+    for name, job in candidates.items():
+        user = details[job].user if job in details else ""
+        if user == owners[name]:
+            kept[name] = job
+        else:
+            log.warning("job %s is named %s but runs as %r, not %r: not adopted", job, name,
+                        user, owners[name])  # fmt: skip
+    return kept
+
+
+def check_submitted(slurm: SlurmClient, job_id: str, owner: str) -> None:
+    """The job id the owner's program answered with is a job of the owner's: the service
+    later cancels what it records, with a Slurm administrator's rights. A job slurmctld does
+    not show yet is taken as it is."""
+    details = slurm.job_details([job_id])
+    if job_id in details and details[job_id].user != owner:
+        raise SlurmError(
+            f"sbatch as {owner} answered with job {job_id}, which runs as "
+            f"{details[job_id].user!r}: not recorded"
+        )
 
 
 def mint_worker_token(run_id: int, attempt_id: int) -> str:

@@ -18,7 +18,13 @@ from service.db import session_scope
 from service.identity.run_owner import owner_of
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
-from service.reconcile.submission import NICE_BY_PRIORITY, mint_worker_token, new_attempt
+from service.reconcile.submission import (
+    NICE_BY_PRIORITY,
+    check_submitted,
+    mint_worker_token,
+    new_attempt,
+    owners_own,
+)
 from service.recovery import timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
@@ -38,6 +44,11 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
     for req in _prepare(settings):
         try:
             array_id = slurm.array_job_by_name(req.job_name)
+            if array_id is not None and not owners_own(
+                slurm, {req.job_name: req.task_job_ids(array_id)[req.attempt_ids[0]]},
+                {req.job_name: req.owner.unix_user},
+            ):  # fmt: skip
+                array_id = None  # someone else's job under the sweep's name: not adopted
         except SlurmError as exc:
             log.warning("sweep %d: cannot tell whether its array is queued: %s", req.sweep_id, exc)
             continue  # next pass; submitting now could queue it twice
@@ -49,6 +60,8 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
             ]
             try:
                 array_id = slurm.submit_array(req, tokens)
+                first_task = req.task_job_ids(array_id)[req.attempt_ids[0]]
+                check_submitted(slurm, first_task, req.owner.unix_user)
             except SlurmUnreachable as exc:  # not a refusal: found by name or sent again
                 log.warning("sweep %d: Slurm did not answer, next pass: %s", req.sweep_id, exc)
                 continue

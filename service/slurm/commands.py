@@ -104,6 +104,7 @@ class JobStatus:
     node_list: str
     reason: str
     exit_code: int | None = None  # of the batch script, once it ended
+    user: str = ""  # whom it runs as (scontrol's UserId): adoption checks it is the owner
 
     @property
     def is_live(self) -> bool:
@@ -190,6 +191,7 @@ def _job_status(job_id: str, fields: dict[str, str]) -> JobStatus:
         node_list="" if node_list == "(null)" else node_list,
         reason=fields.get("Reason", ""),
         exit_code=parse_exit_code(fields.get("ExitCode", "")),
+        user=fields.get("UserId", "").partition("(")[0],  # alice(1001)
     )
 
 
@@ -235,7 +237,7 @@ def scancel(job_ids: Sequence[str]) -> None:
     if isinstance(job_ids, str):  # one id is a Sequence[str] too: never scancel its digits
         raise TypeError(f"scancel takes a list of job ids, not {job_ids!r}")
     if job_ids:
-        run_slurm(["scancel", *job_ids], check=False)
+        run_slurm(["scancel", "--", *job_ids], check=False)  # ids, never options
 
 
 @dataclass(frozen=True)

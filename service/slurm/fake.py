@@ -89,6 +89,7 @@ class FakeJob:
             node_list=compress_hostlist(self.nodes),
             reason=self.reason,
             exit_code=self.exit_code,
+            user=self.user,
         )
 
 

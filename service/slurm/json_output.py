@@ -125,6 +125,7 @@ def job_status(job_id: str, job: dict[str, Any]) -> JobStatus:
         node_list=str(job.get("nodes") or ""),
         reason=reason,
         exit_code=exit_code(job.get("exit_code")),
+        user=str(job.get("user_name") or ""),
     )
 
 

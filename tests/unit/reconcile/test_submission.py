@@ -4,12 +4,19 @@ is queued gets no blind submission; a refused sbatch fails the run with Slurm's 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy import select
 
 from contract import StopReason
 from service.auth.tokens import hash_token
 from service.db import session_scope
+from service.identity.owner import RunOwner
 from service.models import ApiToken, AttemptState, RunState
+from service.reconcile import placement, submission
+from service.runs import repository
+from service.slurm.snapshot import take_snapshot
+from service.slurm.submit import AttemptRequest
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -131,3 +138,29 @@ def test_a_refused_sbatch_fails_the_run_with_slurms_reason(cluster: Cluster) -> 
     (attempt,) = cluster.attempts(run_id)
     assert run.state == RunState.FAILED and "Invalid account" in run.state_reason
     assert attempt.stop_reason == StopReason.SUBMISSION_FAILED
+
+
+def test_a_job_of_another_user_named_like_an_attempt_is_not_adopted(cluster: Cluster) -> None:
+    """Job names and ids are visible to every user: bob queues a job named like the next
+    attempt of alice's run before the service submits it. It must not stand in for the
+    attempt (alice's run would wait on bob's held job); the attempt is submitted as alice."""
+    run_id = cluster.submit_run("squatted")
+    cluster.reconciler.sync_nodes(take_snapshot(cluster.slurm))
+    placement.place_pending(cluster.settings, take_snapshot(cluster.slurm))
+    with session_scope() as session:
+        run = repository.get_run(session, run_id, for_update=True)
+        assert run is not None
+        attempt = submission.new_attempt(session, run, cluster.settings)
+        name = attempt.job_name
+    impostor = cluster.slurm.submit(
+        AttemptRequest(run_id=0, attempt_id=0, job_name=name, job_folder=Path("/tmp/bob"),
+                       num_nodes=1, ranks_per_node=1, time_limit_min=10,
+                       owner=RunOwner(unix_user="bob", slurm_account="speech")),
+        "bob's",
+    )  # fmt: skip
+    cluster.tick()
+    (attempt,) = cluster.attempts(run_id)
+    assert attempt.slurm_job_id not in (None, impostor)
+    ours = cluster.slurm.jobs[attempt.slurm_job_id]
+    assert (ours.name, ours.user) == (name, "alice")
+    assert cluster.slurm.calls["submit"] == 2  # bob's, then the attempt's own
