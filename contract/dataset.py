@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 
 from ._frozen import Frozen
+from .files import read_small_text
 from .model_shape import ModelShape
 
 INDEX_FILE = "index.json"
@@ -110,7 +111,7 @@ def read_dataset_index(folder: Path) -> DatasetIndex:
     """The index of a prepared folder; DatasetIndexError says what is wrong with it."""
     path = folder / INDEX_FILE
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_small_text(path))  # a FIFO or a device is refused, not read
     except FileNotFoundError:
         raise DatasetIndexError(
             f"{path} missing: not a prepared dataset (run `runyard data prepare`, which "

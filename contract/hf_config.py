@@ -10,11 +10,13 @@ the inverse, `hf_config_from_shape`, next to the converted weights.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from .files import read_small_text
 from .model_shape import ModelShape
 
 HF_CONFIG_FILE = "config.json"
@@ -110,7 +112,7 @@ def read_hf_checkpoint(folder: Path) -> ModelShape:
     """The shape of the checkpoint in `folder`, after checking its weight files exist."""
     path = folder / HF_CONFIG_FILE
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_small_text(path))  # a FIFO or a device is refused, not read
     except FileNotFoundError:
         raise HfCheckpointError(f"{path} missing: not a Hugging Face model folder") from None
     except (OSError, ValueError) as exc:
@@ -119,8 +121,18 @@ def read_hf_checkpoint(folder: Path) -> ModelShape:
         raise HfCheckpointError(f"{path} is not a JSON object")
     shape = shape_from_hf_config(raw)
     for name in hf_weight_files(folder):
-        if not (folder / name).is_file():
-            raise HfCheckpointError(f"{folder / name} missing (named by {HF_WEIGHTS_INDEX})")
+        weights = folder / name
+        if not weights.is_file():
+            raise HfCheckpointError(f"{weights} missing (named by {HF_WEIGHTS_INDEX})")
+        # Read as the run's owner (service/identity/as_owner.py), who is who its ranks run
+        # as: a file only its writer may read (safetensors writes 0600) would otherwise fail
+        # every rank with safetensors' own "No such file or directory".
+        if not os.access(weights, os.R_OK):
+            mode = weights.stat().st_mode & 0o777
+            raise HfCheckpointError(
+                f"{weights} is not readable by the run's owner (mode {mode:04o}): the run's "
+                "ranks read it as its owner; make it readable to them (chmod or chown)"
+            )
     return shape
 
 

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from client.cli import app
 from client.output import Exit
 from tests.fixtures.tokenizer_folders import EOS, train_bpe_folder
+from tests.conftest import ADMIN_UNIX_USER
 from tests.integration.conftest import ServiceProcess
 
 try:  # the worker extra installs it (pyproject.toml): without it the install is broken
@@ -68,6 +69,10 @@ def own_data_and_checkpoint(root: Path) -> tuple[Path, Path]:
     LlamaForCausalLM(config).save_pretrained(root / "hf")
     for name in ("tokenizer.json", "tokenizer_config.json"):  # shipped with the weights
         shutil.copyfile(tokenizer / name, root / "hf" / name)
+    # The run's owner's own files, as if they had written them: safetensors writes its file
+    # 0600, which only its writer (root, here) could read, and the ranks run as the owner.
+    for path in [root, *root.rglob("*")]:
+        shutil.chown(path, ADMIN_UNIX_USER, ADMIN_UNIX_USER)
     return root / "data", root / "hf"
 
 

@@ -74,3 +74,25 @@ def test_evaluation_needs_a_held_out_split(api: Any) -> None:
     refused = api.post("/v1/runs", json=spec("builtin", vocab=256, eval_every=10))
     assert refused.status_code == 422
     assert refused.json()["detail"].startswith("eval_every: "), refused.text
+
+
+def test_an_index_that_is_a_fifo_or_a_device_is_refused_at_once(
+    api: Any, shared_path: Path
+) -> None:
+    """Whoever names the folder made its index.json: a FIFO would hold the submission (and
+    its database connection) until the owner's read timed out, a device would never end."""
+    import os
+    import time
+
+    fifo = shared_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "index.json", 0o644)
+    device = shared_path / "zero"
+    device.mkdir()
+    (device / "index.json").symlink_to("/dev/zero")
+    for folder in (fifo, device):
+        started = time.monotonic()
+        refused = api.post("/v1/runs/dry-run", json=spec(str(folder), vocab=1024))
+        assert refused.status_code == 422, refused.text
+        assert "not a regular file" in refused.json()["detail"]
+        assert time.monotonic() - started < 15, "refused, not waited on"

@@ -79,6 +79,16 @@ def test_a_folder_without_safetensors_is_refused(api: Any, shared_path: Path) ->
     assert "not a Hugging Face model folder" in refusal(api, str(shared_path / "nothing"))
 
 
+def test_weights_the_owner_cannot_read_are_refused(api: Any, shared_path: Path) -> None:
+    """The check runs as the run's owner, not as the service (nor as root, who reads all):
+    weights only their writer may read would fail every rank once the job started."""
+    folder = Path(hf_folder(shared_path / "private"))
+    (folder / "model.safetensors").chmod(0o600)  # as safetensors writes it; root's
+    assert "not readable by the run's owner (mode 0600)" in refusal(api, str(folder))
+    (folder / "model.safetensors").chmod(0o644)
+    assert api.post("/v1/runs/dry-run", json=spec({"from_hf": str(folder)})).status_code == 200
+
+
 def test_a_shape_the_worker_cannot_build_is_refused(api: Any, shared_path: Path) -> None:
     folder = hf_folder(shared_path / "odd", num_key_value_heads=3)
     assert "divisible by kv_heads" in refusal(api, folder)
