@@ -186,6 +186,11 @@ class Settings(BaseSettings):
         "<owner_python> -I -m service.identity.as_owner`, the one command the sudoers rule "
         "allows (docs/install.md step 3; default: the service's own Python).",
     )
+    owner_group: str = Field(
+        default="runyard-users",
+        description="The Unix group of the users the service may act as (the sudoers rule's "
+        "Runas list): a user is linked only to a login in it.",
+    )
     qos_by_priority: dict[str, str] = Field(
         default_factory=dict,
         description="Slurm QoS per runyard priority class, where the site has them (JSON: "

@@ -6,9 +6,9 @@
 - `alice` (team and Slurm account `vision`) and `bob` (`speech`): two users in two teams,
   members of `runyard-users`, each charged to their team's account. `ops` (account `ops`)
   is the dev admin's own login: the runs an admin submits run as `ops`.
-- The roots that jobs write into (jobs/, checkpoints/, data/) are shared like /tmp (mode
-  1777: anyone makes a folder, only its owner removes it); each run's folders are made by
-  its owner with mode 0750 (the team reads). The service's own files live in service/,
+- The roots that jobs write into (jobs/, checkpoints/, data/) hold one folder per user,
+  made here as a site's admin makes them (the user's, mode 0750: their team reads); each
+  run's folders are made inside by its owner. The service's own files live in service/,
   which only it can read.
 Everything here is idempotent: `runyard dev up` runs it every time.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 SERVICE_USER = "runyard"
 RUNAS_GROUP = "runyard-users"  # whom the service may act as (the sudoers rule's Runas list)
 SUDOERS_FILE = Path("/etc/sudoers.d/runyard-dev")
-SHARED_ROOTS = ("jobs", "checkpoints", "data")
+SHARED_ROOTS = ("jobs", "checkpoints", "data")  # one folder per user under each
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,28 @@ def ensure_slurm_accounts(env: dict[str, str]) -> None:
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Shared roots the owners' jobs write into, and the service's own folder."""
+    """The roots jobs write into, with a folder of each user's own under each (made here,
+    by root, as a site's admin makes them: nobody can make another's first), and the
+    service's own folder."""
     for name in SHARED_ROOTS:
         root = state_dir / name
         root.mkdir(parents=True, exist_ok=True)
-        root.chmod(0o1777)
+        root.chmod(0o755)
+        for user in DEV_USERS:
+            owned_folder(root / user.name, user.name)
     own = state_dir / "service"
     own.mkdir(parents=True, exist_ok=True)
     entry = pwd.getpwnam(SERVICE_USER)
     os.chown(own, entry.pw_uid, entry.pw_gid)
     own.chmod(0o700)
+
+
+def owned_folder(path: Path, user: str) -> None:
+    """`path` as `user`'s, readable by their primary group (their team), nobody else's."""
+    path.mkdir(exist_ok=True)
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    path.chmod(0o750)
 
 
 def reachable_python(python: str) -> list[Path]:

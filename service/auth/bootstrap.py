@@ -58,7 +58,7 @@ def mint_token_file(
 
 def link_unix_user(database_url: str, user: str, unix_user: str, account: str | None) -> None:
     """Link `user` to `unix_user` (and `account`), as `runyard admin user link` does."""
-    check_unix_user(unix_user)
+    check_unix_user(unix_user, Settings().owner_group)
     engine = create_engine(database_url)
     try:
         with Session(engine) as session, session.begin():

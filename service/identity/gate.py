@@ -34,6 +34,8 @@ from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.commands import slurm_error
 from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, encode_request
 
+INSPECT_TIMEOUT_S = 20.0
+STOP_GRACE_S = 5.0  # after a timeout's SIGTERM, before SIGKILL
 # sbatch through submitit starts an interpreter, imports submitit and waits for slurmctld.
 TIMEOUT_S = 60.0
 JOB_ID = re.compile(r"[0-9]{1,12}")
@@ -95,7 +97,8 @@ class OwnerGate:
             "seq_len": seq_len,
             "eval_every": eval_every,
         }
-        answer = self._call(owner, "inspect", payload)
+        # Short: a spec's two small files; a read that hangs is refused, not waited on.
+        answer = self._call(owner, "inspect", payload, timeout_s=INSPECT_TIMEOUT_S)
         assert isinstance(answer, dict)
         return answer
 
@@ -146,14 +149,7 @@ class OwnerGate:
             "job_env": jobs_environment(),
         }
         try:
-            done = subprocess.run(
-                self.argv(owner.unix_user),
-                input=json.dumps(request),
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                cwd="/",  # nothing of the service's working directory reaches the owner
-            )
+            done = run_as_owner(self.argv(owner.unix_user), json.dumps(request), timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise slurm_error(
                 f"acting as {owner.unix_user} ({op}) took more than {timeout_s:.0f} s: "
@@ -162,6 +158,30 @@ class OwnerGate:
         except KeyError:
             raise _no_such_user(owner.unix_user) from None
         return _answer_of(owner.unix_user, op, done)
+
+
+def run_as_owner(argv: list[str], stdin: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run the owner's program and wait at most `timeout_s`. On a timeout it is asked to
+    stop with SIGTERM, which sudo passes on to the program (the service may not signal a
+    process of the owner's itself, and sudo cannot pass on a SIGKILL), then killed."""
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",  # nothing of the service's working directory reaches the owner
+    ) as process:
+        try:
+            out, err = process.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def job_id_of(answer: object, owner: RunOwner) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from service.auth.principal import Principal
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
 from service.identity.owner import RunOwner
 from service.identity.repository import link_of
@@ -61,7 +62,7 @@ def link_user(
     session: Session, user: str, unix_user: str, slurm_account: str | None, principal: Principal
 ) -> UserLink:
     """Link (or re-link) `user`; the Unix user must exist here and must not be privileged."""
-    check_unix_user(unix_user)
+    check_unix_user(unix_user, get_settings().owner_group)
     if slurm_account is not None:
         check_name("account", slurm_account)
     link = link_of(session, user)
@@ -88,9 +89,10 @@ def check_name(field: str, name: str) -> None:
         )
 
 
-def check_unix_user(unix_user: str) -> None:
-    """The user exists on this host, is not root and is not the service itself: running a
-    team's code as either would give it the cluster (or the service's secrets)."""
+def check_unix_user(unix_user: str, owner_group: str) -> None:
+    """The login exists here, is a person's (not a system account: root, the service's own
+    user, SlurmUser, munge all sit below UID_MIN) and is in the group the service may act
+    as: running a team's code as anything else would give it the cluster or the service."""
     check_name("unix", unix_user)
     try:
         entry = pwd.getpwnam(unix_user)
@@ -101,10 +103,38 @@ def check_unix_user(unix_user: str) -> None:
         ) from None
     if entry.pw_uid == 0:
         raise InvalidSpec("unix: runs never run as root; link the user to their own login")
-    if entry.pw_uid == os.geteuid():
+    if entry.pw_uid < first_user_uid() or entry.pw_uid == os.geteuid():
         raise InvalidSpec(
-            f"unix: {unix_user} is the service's own user; runs must not hold its secrets"
+            f"unix: {unix_user} (uid {entry.pw_uid}) is a system account, not a person's "
+            f"login (below UID_MIN {first_user_uid()}); link the user to their own login"
         )
+    if not in_group(unix_user, owner_group):
+        raise InvalidSpec(
+            f"unix: {unix_user} is not in {owner_group}, the group the service may act as: "
+            f"`usermod -aG {owner_group} {unix_user}` first (docs/install.md)"
+        )
+
+
+def first_user_uid(login_defs: Path = Path("/etc/login.defs")) -> int:
+    """UID_MIN of /etc/login.defs (1000 where it does not say): the first person's uid."""
+    try:
+        for line in login_defs.read_text().splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "UID_MIN" and fields[1].isdigit():
+                return int(fields[1])
+    except OSError:
+        pass
+    return 1000
+
+
+def in_group(unix_user: str, group: str) -> bool:
+    """Whether `unix_user` is a member of `group`, as its primary group or a supplementary
+    one."""
+    try:
+        found = grp.getgrnam(group)
+    except KeyError:
+        return False
+    return unix_user in found.gr_mem or pwd.getpwnam(unix_user).pw_gid == found.gr_gid
 
 
 def primary_group(unix_user: str) -> str:

@@ -31,7 +31,7 @@ from service.recovery.restart import set_stop_reason
 from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import run_folder
+from service.runs.service import attempt_folder, checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
@@ -58,7 +58,8 @@ def attempt_request(run: Run, attempt: Attempt, settings: Settings) -> AttemptRe
         reservation=run.reservation,
         nice=NICE_BY_PRIORITY.get(run.priority, 0),
         owner=owner_of(run, settings),
-        checkpoint_folder=settings.checkpoints_dir / run_folder(run),
+        checkpoint_folder=checkpoint_folder(settings, run),
+        owner_roots=owner_roots(settings, run),
         segment=segment_of(run),
     )
 
@@ -229,7 +230,7 @@ def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     session.add(attempt)
     session.flush()
     attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
-    attempt.job_folder = str(settings.jobs_dir / run_folder(run) / f"attempt-{number:03d}")
+    attempt.job_folder = str(attempt_folder(settings, run, number))
     resume = f"resuming from step {newest.step}" if newest else "starting from scratch"
     record_event(
         session,

@@ -30,7 +30,7 @@ from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import run_folder
+from service.runs.service import checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
@@ -112,10 +112,11 @@ def _prepare(settings: Settings) -> list[ArrayRequest]:
                     nice=NICE_BY_PRIORITY.get(spec.priority, 0),
                     owner=owner_of(sweep, settings),
                     checkpoint_folders=tuple(
-                        settings.checkpoints_dir / run_folder(r)
+                        checkpoint_folder(settings, r)
                         for r in runs
                         if r.id in {run_of[a] for a in sweep.array_attempt_ids}
                     ),
+                    owner_roots=owner_roots(settings, sweep),
                 )
             )
     return todo

@@ -47,7 +47,7 @@ from service.recovery.paths import ClassicBecause, RecoveryPath, choose_recovery
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository, rollback, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
-from service.runs.service import run_folder
+from service.runs.service import attempt_folder
 from service.slurm.client import SlurmClient
 from service.slurm.placement import choose_replacement
 from service.slurm.snapshot import ClusterSnapshot
@@ -143,7 +143,7 @@ def new_group_attempt(
     session.flush()
     run.attempts.append(attempt)
     attempt.job_name = job_name(settings.slurm_job_prefix, run.id, attempt.id)
-    attempt.job_folder = str(settings.jobs_dir / run_folder(run) / f"attempt-{number:03d}")
+    attempt.job_folder = str(attempt_folder(settings, run, number))
     how = (
         f"resuming from step {newest.step}"
         if newest

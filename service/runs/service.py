@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -29,7 +30,7 @@ from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.gate import OwnerGate
 from service.identity.owner import RunOwner
 from service.identity.service import OwnerUnavailable, owner_for
-from service.models import Attempt, Run, RunState, Team
+from service.models import Attempt, Run, RunState, Sweep, Team
 from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
 from service.runs import repository
@@ -57,6 +58,11 @@ def model_shape(spec: RunSpec) -> ModelShape | None:
             "or an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}",
         )
     return shape
+
+
+def reads_files(spec: RunSpec) -> bool:
+    """Whether planning the spec reads the owner's files (a data folder, a from_hf config)."""
+    return isinstance(spec.model, HfModelSpec) or spec.data != BUILTIN_DATA
 
 
 def owner_inputs(
@@ -92,6 +98,27 @@ def owner_inputs(
     if shape.mlp != "swiglu":
         raise LayoutError("model.mlp", "the worker trains SwiGLU models only; use mlp: swiglu")
     return shape
+
+
+def owner_root(root: Path, owner: Run | Sweep) -> Path:
+    """Where a run's folders live under each root (jobs, checkpoints, the data cache): its
+    owner's own folder, made for them by an admin (docs/install.md), so nobody else can make
+    a run's folder first, plant files in it or squat its name."""
+    return root / (owner.unix_user or "shared")
+
+
+def checkpoint_folder(settings: Settings, run: Run) -> Path:
+    return owner_root(settings.checkpoints_dir, run) / run_folder(run)
+
+
+def attempt_folder(settings: Settings, run: Run, number: int) -> Path:
+    return owner_root(settings.jobs_dir, run) / run_folder(run) / f"attempt-{number:03d}"
+
+
+def owner_roots(settings: Settings, owner: Run | Sweep) -> tuple[Path, ...]:
+    """The owner's folders a submission needs to exist and be theirs."""
+    roots = (settings.jobs_dir, settings.checkpoints_dir, settings.data_cache_dir)
+    return tuple(owner_root(root, owner) for root in roots)
 
 
 def run_folder(run: Run) -> str:
@@ -212,6 +239,9 @@ def decide(
     as, the layout, the plan, and the team's quota. `--dry-run` stops here."""
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
+    if owner is not None and reads_files(spec) and not session.in_nested_transaction():
+        # The owner's inputs are read by another process: no transaction waits on it.
+        session.rollback()
     shape, resolved = resolve(spec, settings, owner, calibration)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
@@ -412,11 +442,11 @@ def worker_config(
         seed=spec.seed,
         checkpoint_every=live_interval.current_every(run.config, spec.checkpoint_every),
         keep_checkpoints=spec.keep_checkpoints,
-        checkpoint_dir=str(settings.checkpoints_dir / run_folder(run)),
+        checkpoint_dir=str(checkpoint_folder(settings, run)),
         data=spec.data,
         eval_every=spec.eval_every,
         # Each owner's own cache: a user's runs never map files another user packed.
-        data_cache_dir=str(settings.data_cache_dir / (run.unix_user or "shared")),
+        data_cache_dir=str(owner_root(settings.data_cache_dir, run)),
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
         init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
         entrypoint=spec.entrypoint,

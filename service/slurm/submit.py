@@ -71,6 +71,9 @@ class AttemptRequest:
     owner: RunOwner = NOBODY  # the job runs as this Unix user, charged to its account
     # Made by the owner before sbatch, so the run's checkpoints are theirs from the start.
     checkpoint_folder: Path | None = None
+    # The owner's own folders under the jobs, checkpoints and data roots: they must exist
+    # and be the owner's (an admin makes them), so no one else can make the run's first.
+    owner_roots: tuple[Path, ...] = ()
     # topology/block: each this many nodes (a model replica's) inside one block, asked as
     # `--segment` (Slurm 24.05+); None elsewhere (service/nodes/topology.py).
     segment: int | None = None
@@ -103,6 +106,7 @@ class ArrayRequest:
     reservation: str | None = None
     owner: RunOwner = NOBODY  # a sweep's runs share their submitter's identity
     checkpoint_folders: tuple[Path, ...] = field(default_factory=tuple)  # one per run
+    owner_roots: tuple[Path, ...] = ()
 
     def token_file(self, task: int) -> Path:
         return self.job_folder / "tokens" / f"{task}.token"
@@ -210,33 +214,45 @@ def write_token_file(path: Path, token: str) -> None:
         f.write(token + "\n")
 
 
-def prepare_folders(folders: Sequence[Path | None], umask: int) -> None:
-    """Make the run's folders as the calling user (the owner), with the run's umask, and
-    refuse one that exists but belongs to someone else: the job and checkpoint roots are
-    shared (sticky, like /tmp), so another user could have made a run's folder first, to
-    read its files or plant some."""
+def prepare_folders(roots: Sequence[Path], folders: Sequence[Path | None], umask: int) -> None:
+    """As the owner: check the owner's own roots (they must exist and be theirs: an admin
+    makes them, docs/install.md), then make the run's folders under them with the run's
+    umask, refusing one that exists but is someone else's or a link (a folder planted to
+    read the run's files or feed it some)."""
     os.umask(umask)
+    for root in roots:
+        if not root.exists():
+            raise OwnerAccessError(
+                OwnerFailure.MISSING,
+                f"{root} does not exist: an admin makes it for this user once (install -d "
+                f"-o <user> -g <team> -m 0750 {root}; docs/install.md, 'Who a run runs as')",
+            )
+        _check_own(root)
     for folder in filter(None, folders):
         folder.mkdir(parents=True, exist_ok=True)
-        found = os.lstat(folder)  # a link is refused: it could lead into anyone's files
-        owner_uid = found.st_uid
-        if stat.S_ISLNK(found.st_mode):
-            raise OwnerAccessError(
-                OwnerFailure.NOT_THEIRS,
-                f"{folder} is a symbolic link, not a folder: remove it and submit again",
-            )
-        if owner_uid != os.geteuid():
-            raise OwnerAccessError(
-                OwnerFailure.NOT_THEIRS,
-                f"{folder} belongs to uid {owner_uid}, not to uid {os.geteuid()} whose run "
-                "this is: remove it or choose another checkpoint root",
-            )
+        _check_own(folder)
+
+
+def _check_own(folder: Path) -> None:
+    found = os.lstat(folder)
+    if stat.S_ISLNK(found.st_mode):
+        raise OwnerAccessError(
+            OwnerFailure.NOT_THEIRS,
+            f"{folder} is a symbolic link, not a folder: remove it and submit again",
+        )
+    if found.st_uid != os.geteuid():
+        raise OwnerAccessError(
+            OwnerFailure.NOT_THEIRS,
+            f"{folder} belongs to uid {found.st_uid}, not to uid {os.geteuid()} whose run "
+            "this is: remove it or choose another folder",
+        )
 
 
 def submit_attempt(req: AttemptRequest, settings: SubmitSettings, worker_token: str) -> str:
     """sbatch the attempt as the calling user; returns the Slurm job id. Never call inside a
     DB transaction. Runs in the owner's process (service/identity/as_owner.py)."""
-    prepare_folders([req.job_folder.parent, req.job_folder, req.checkpoint_folder], settings.umask)
+    folders = [req.job_folder.parent, req.job_folder, req.checkpoint_folder]
+    prepare_folders(req.owner_roots, folders, settings.umask)
     write_token_file(req.token_file, worker_token)
     executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
     executor.update_parameters(**sbatch_parameters(req, settings))
@@ -252,7 +268,7 @@ def submit_attempt(req: AttemptRequest, settings: SubmitSettings, worker_token: 
 def submit_array(req: ArrayRequest, settings: SubmitSettings, worker_tokens: Sequence[str]) -> str:
     """sbatch one job array as the calling user, task i running attempt `attempt_ids[i]`;
     returns the array's job id (task i is `<id>_<i>`). Never call inside a DB transaction."""
-    prepare_folders([req.job_folder, *req.checkpoint_folders], settings.umask)
+    prepare_folders(req.owner_roots, [req.job_folder, *req.checkpoint_folders], settings.umask)
     for task, token in enumerate(worker_tokens):
         write_token_file(req.token_file(task), token)
     executor = submitit.SlurmExecutor(folder=req.job_folder, python=settings.worker_python)
@@ -300,7 +316,7 @@ def _typed(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
         value = data[f.name]
         if f.name in ("job_folder", "checkpoint_folder") and value is not None:
             value = Path(value)
-        elif f.name == "checkpoint_folders":
+        elif f.name in ("checkpoint_folders", "owner_roots"):
             value = tuple(Path(v) for v in value)
         elif f.name in ("attempt_ids", "run_ids"):
             value = tuple(value)

@@ -14,7 +14,7 @@ from service.errors import Conflict, InvalidSpec, NotFound
 from service.identity.service import owner_for
 from service.models import Run, RunState, Sweep
 from service.runs import repository
-from service.runs.service import cancel_run, check_quota, create_run, dry_run
+from service.runs.service import cancel_run, check_quota, create_run, dry_run, owner_root
 from service.slurm.submit import sweep_job_name
 from service.sweeps.grid import expand
 from service.sweeps.schemas import (
@@ -49,7 +49,8 @@ def create_sweep(
         session.flush()
         sweep.job_name = sweep_job_name(settings.slurm_job_prefix, sweep.id)
         sweep.job_folder = str(
-            settings.jobs_dir / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
+            owner_root(settings.jobs_dir, sweep)
+            / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
         )
         runs = []
         for index, (point, member) in enumerate(members):

@@ -93,6 +93,8 @@ def test_links_refuse_root_the_service_and_unknown_users(api: Any) -> None:
         ("root", "never run as root"),
         ("no-such-login", "no Unix user no-such-login"),
         ("Bad Name", "not a valid name"),
+        (SERVICE_USER, "system account"),  # the service's own (and SlurmUser, munge, ...)
+        ("nobody", "not in runyard-users"),  # a person's uid, outside the group
     ):
         refused = api.put("/v1/admin/users/carol/link", json={"unix_user": unix})
         assert refused.status_code == 422, refused.text
