@@ -17,5 +17,10 @@ done < "$ENV_FILE"
 cd "$SRC"
 # The prestart step: the database at the migrations' head before the API answers.
 "$PYTHON" -m alembic -c "$SRC/alembic.ini" upgrade head
+# The W&B SDK reuses the wandb-core named in WANDB_SERVICE, which it sets for its own
+# children: one inherited from whatever started us (a shell or a test session that used
+# wandb) is another process's, often another user's, and every export to W&B then failed to
+# connect. The service starts its own.
+unset WANDB_SERVICE
 exec "$PYTHON" -m uvicorn service.app:create_app --factory \
   --host "${RUNYARD_HOST:-127.0.0.1}" --port "${RUNYARD_PORT:-8000}"

@@ -21,6 +21,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 python3 -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
 # promtool checks and unit-tests the alert rules (deploy/prometheus/) in `make test`.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# The service (not root) submits as each run's owner through one sudoers rule.
+command -v sudo >/dev/null 2>&1 || missing+=(sudo)
 if ((${#missing[@]})); then
   echo "bootstrap: apt-get install ${missing[*]}"
   apt-get update -qq

@@ -44,7 +44,16 @@ class Site:
             "RUNYARD_CHECKPOINT_ROOT": str(self.checkpoints),
         }
         out = subprocess.run(
-            [str(RUNYARD), "doctor", "--json", *args],
+            # The service's own settings file, as a site's unit loads it (the secrets
+            # check reads its owner and mode); the environment above overrides it.
+            [
+                str(RUNYARD),
+                "doctor",
+                "--json",
+                "--settings",
+                str(self.service.settings_file),
+                *args,
+            ],
             capture_output=True,
             text=True,
             env=env,

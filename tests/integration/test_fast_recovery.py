@@ -79,6 +79,7 @@ def both_groups_training(client: RunyardClient, run_id: int, past: int) -> dict[
     return groups(client, run_id)
 
 
+@pytest.mark.whole_path
 def test_a_group_loses_a_node_the_other_keeps_training_and_losses_match_the_twin(
     spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:

@@ -85,14 +85,16 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], code: int, w
 
 
 def test_the_checkpoint_interval_is_shown_for_each_recovery_path() -> None:
-    code, out = run("--model", "llama3-8b", "--json")
+    # Two groups pinned: on 8 nodes the planner alone keeps one (its groups cost more
+    # than the rare failures they save), and shows no fast path at all.
+    pinned = ("--model", "llama3-8b", "--replica-groups", "2")
+    code, out = run(*pinned, "--json")
     assert code == 0, out
     ckpt = json.loads(out)["checkpoint"]
-    # 8 nodes fail once a month: Daly's classic interval is hours, the fast path's is
-    # capped at an hour (its durable copy's age).
-    assert ckpt["interval_steps"] > ckpt["fast_interval_steps"] > 0
-    assert ckpt["fast_interval_s"] <= 3600
-    code, out = run("--model", "llama3-8b")
+    # 8 nodes fail once a month: Daly's classic interval is hours, and the fast path's is
+    # never shorter (its cap only bounds how old the durable copy gets).
+    assert ckpt["fast_interval_steps"] >= ckpt["interval_steps"] > 0
+    code, out = run(*pinned)
     assert code == 0, out
     text = " ".join(out.split())  # rich wraps long lines
     assert f"checkpoint every {ckpt['interval_steps']} steps" in text
