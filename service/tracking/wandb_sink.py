@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,16 @@ FINAL_KEY = "runyard/final_state"
 
 def wandb_root(settings: Settings) -> Path:
     return settings.wandb_dir or settings.service_dir / "wandb"
+
+
+def wait_for_a_new_folder_name(files: list[Path], run_id: str) -> None:
+    """W&B names an offline run's folder `offline-run-<start second>-<id>`: a process that
+    continues the run in the same second as the one before it (a restart right after an
+    export began) would write into that process's folder, and the steps it had logged were
+    lost (10 of 60 in a test). Waits, at most a second, until the name is a new one."""
+    taken = {path.parent.name.removesuffix(f"-{run_id}").rsplit("-", 1)[-1] for path in files}
+    while datetime.now().strftime("%Y%m%d_%H%M%S") in taken:
+        time.sleep(0.05)
 
 
 class WandbSink:
@@ -54,7 +66,9 @@ class WandbSink:
             return run_id, False
         folder = self.folder(run)
         folder.mkdir(parents=True, exist_ok=True)
-        created = not run_files(folder, run_id)
+        held = run_files(folder, run_id)
+        created = not held
+        wait_for_a_new_folder_name(held, run_id)
         self._runs[run_id] = wandb.init(
             project=run.wandb_project,
             entity=run.wandb_entity or self.settings.wandb_entity,

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from client.output import Exit
-from tests.fixtures.tokenizer_folders import EOS, train_bpe_folder
 from tests.conftest import ADMIN_UNIX_USER
+from tests.fixtures.tokenizer_folders import EOS, train_bpe_folder
 from tests.integration.conftest import ServiceProcess
 
 try:  # the worker extra installs it (pyproject.toml): without it the install is broken

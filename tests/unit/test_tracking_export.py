@@ -32,7 +32,7 @@ from service.tracking.export import Exporter
 from service.tracking.loop import ensure_exports
 from service.tracking.tensorboard_sink import TensorBoardSink, read_folder, texts
 from service.tracking.wandb_log import read_run
-from service.tracking.wandb_sink import WandbSink
+from service.tracking.wandb_sink import WandbSink, wait_for_a_new_folder_name
 from tests.fixtures.rows import add_attempt, add_run
 from tests.fixtures.trackers import tensorboard_scalars
 
@@ -225,3 +225,23 @@ def test_a_site_without_mlflow_refuses_a_run_that_asks_for_it(api: Any) -> None:
     refused = api.post("/v1/runs/dry-run", json=spec)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"].startswith("tracking.mlflow:")
+
+
+def test_a_continued_wandb_run_never_reuses_the_folder_of_the_same_second(
+    tmp_path: Path,
+) -> None:
+    """W&B names a folder by its start second: a continuation in the same second as the
+    process before it wrote into that folder, and lost the steps the first had logged."""
+    import time
+    from datetime import datetime
+
+    def now() -> str:
+        return datetime.now().strftime("%Y%m%d_%H%M%S")
+
+    run_id = "runyard-7"
+    folder = tmp_path / f"offline-run-{now()}-{run_id}"
+    folder.mkdir()
+    (folder / f"run-{run_id}.wandb").touch()
+    started = time.monotonic()
+    wait_for_a_new_folder_name([folder / f"run-{run_id}.wandb"], run_id)
+    assert now() not in folder.name and time.monotonic() - started < 1.1
