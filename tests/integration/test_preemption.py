@@ -38,7 +38,11 @@ def test_prod_run_preempts_a_scavenger_run(
 ) -> None:
     client, conf = service.client(), str(slurm_cluster.slurm_conf)
     client.set_spares(0)
-    spec = tiny_spec("scavenger", steps=160, priority="scavenger")
+    # No checkpoint on a cadence before the end: the only one the scavenger can have when
+    # it stops is the yield's own, taken at the step it stopped (without it, the steps
+    # trained since the last commit would be lost; a stop seen on a cadence step would not
+    # tell the two apart).
+    spec = tiny_spec("scavenger", steps=240, priority="scavenger", checkpoint_every=240)
 
     # Other work holds every node but two: the scavenger run takes all the free ones.
     idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
@@ -62,17 +66,13 @@ def test_prod_run_preempts_a_scavenger_run(
             ),
         )
         scavenger = client.submit_run(spec)["id"]
-        first = wait_for(
-            "the scavenger training past a commit",
-            lambda: (
-                (client.get_run(scavenger)["last_step"] or 0) >= 45
-                and [c for c in client.run_checkpoints(scavenger) if c["state"] == "COMMITTED"]
-            ),
+        wait_for(
+            "the scavenger training",
+            lambda: (client.get_run(scavenger)["last_step"] or 0) >= 45,
             timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
-        # Its commits at its own cadence, and no node left free: the prod run can start
-        # only on the scavenger's nodes.
-        assert all(c["step"] % spec["checkpoint_every"] == 0 for c in first), first
+        assert not client.run_checkpoints(scavenger), "no checkpoint before the yield"
+        # No node left free: the prod run can start only on the scavenger's nodes.
         free = slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split()
         assert free == [], f"{free} idle: the prod run would not need to preempt"
         # The prod run is the scavenger's uninterrupted twin: the same spec (seed, data,
@@ -91,10 +91,9 @@ def test_prod_run_preempts_a_scavenger_run(
         asked = next(
             e for e in client.run_events(scavenger) if e["kind"] == "attempt.stop_requested"
         )
-        yielded = max(
-            (c for c in client.run_checkpoints(scavenger) if c["committed_at"]),
-            key=lambda c: c["step"],
-        )
+        kept = [c for c in client.run_checkpoints(scavenger) if c["committed_at"]]
+        assert kept, "the scavenger stopped without a checkpoint: its steps are lost"
+        yielded = max(kept, key=lambda c: c["step"])
         # The yield is a checkpoint of its own, taken once the stop was asked for, at the
         # step the scavenger stopped: nothing it trained is lost. (How fast is measured by
         # bench/, not bounded here.)
