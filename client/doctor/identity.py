@@ -5,6 +5,7 @@ steps are) runs the owner's program as the service's user, the way the service d
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -64,6 +65,7 @@ def check_identity(settings: SiteSettings, client: RunyardClient | None = None) 
         ]
     checks = [_service_user(me)]
     checks.append(_secrets(settings, me["unix_user"]))
+    checks.append(check_owner_group(settings, me["unix_user"]))
     if os.geteuid() != 0:
         checks.append(
             Check(ID, "acts as its users", Status.WARN, "not checked: run the doctor as root")
@@ -105,6 +107,52 @@ def _secrets(settings: SiteSettings, service_user: str) -> Check:
             f"chown {service_user} {path} && chmod 0600 {path}",
         )
     return passed(ID, "secrets", f"{path} readable by {service_user} only")
+
+
+# Groups whose members may become root (Debian's sudo, Red Hat's wheel, Ubuntu's old admin).
+ADMIN_GROUPS = ("sudo", "wheel", "admin")
+
+
+def check_owner_group(settings: SiteSettings, service_user: str) -> Check:
+    """The sudoers rule lets the service act as any member of the owner group: a member who
+    may become root (or root, or the service itself) makes the service as strong as them.
+    Linking refuses such users (service/identity/service.py); the group is the site's to
+    keep clean, and this says who should not be in it."""
+    name = settings.extra.get("RUNYARD_OWNER_GROUP") or "runyard-users"
+    try:
+        group = grp.getgrnam(name)
+    except KeyError:
+        return failed(
+            ID,
+            "owner group",
+            f"no group {name}: the sudoers rule's Runas list names it",
+            f"groupadd {name}, then usermod -aG {name} for each user (docs/install.md step 3)",
+        )
+    members = set(group.gr_mem) | {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid}
+    admins: set[str] = set()
+    for admin_group in ADMIN_GROUPS:
+        try:
+            admins |= set(grp.getgrnam(admin_group).gr_mem)
+        except KeyError:
+            continue
+    privileged = sorted(m for m in members if m == service_user or m in admins or _uid(m) == 0)
+    if privileged:
+        return Check(
+            ID,
+            "owner group",
+            Status.WARN,
+            f"{name} holds {', '.join(privileged)}: the service may act as them, and they "
+            "may become root or are the service itself",
+            "; ".join(f"gpasswd -d {m} {name}" for m in privileged),
+        )
+    return passed(ID, "owner group", f"{name}: {len(members)} users, none privileged")
+
+
+def _uid(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def _acts_as_its_users(settings: SiteSettings, service_user: str, owners: list[str]) -> Check:

@@ -154,3 +154,32 @@ def test_the_doctor_fails_a_service_running_as_root(api: Any, tmp_path: Path) ->
     assert "User=runyard" in checks["service user"].fix
     assert checks["secrets"].status == "FAIL" and "chmod 0600" in checks["secrets"].fix
     assert checks["acts as its users"].status == "skip"
+
+
+def test_the_doctor_warns_of_owners_who_may_become_root(tmp_path: Path) -> None:
+    """The service may act as every member of the owner group: root, the service itself or
+    a member of sudo in it makes the service as strong as them. A group of the test's own
+    (the dev cluster's runyard-users stays as it is: the sudoers rule names it)."""
+    import grp
+
+    from client.doctor.identity import check_owner_group
+    from client.doctor.result import SiteSettings
+
+    name = "runyard-doctor-test"
+    subprocess.run(["groupdel", name], capture_output=True)
+    subprocess.run(["groupadd", name], check=True)
+    try:
+        subprocess.run(["gpasswd", "-M", "alice,root,runyard", name], check=True)
+        settings_file = tmp_path / "runyard.env"
+        settings_file.write_text(f"RUNYARD_OWNER_GROUP={name}\n")
+        check = check_owner_group(SiteSettings.load(settings_file), "runyard")
+        assert check.status == "warn", check
+        assert f"{name} holds root, runyard:" in check.detail, check.detail
+        assert "alice" not in check.detail and f"gpasswd -d root {name}" in check.fix
+
+        subprocess.run(["gpasswd", "-M", "alice,bob", name], check=True)
+        assert grp.getgrnam(name).gr_mem == ["alice", "bob"]
+        check = check_owner_group(SiteSettings.load(settings_file), "runyard")
+        assert check.status == "ok" and "2 users, none privileged" in check.detail, check
+    finally:
+        subprocess.run(["groupdel", name], check=True)
