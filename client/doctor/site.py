@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from client.api import ApiError, RunyardClient
 from client.devcluster.paths import REPO_ROOT
@@ -54,11 +54,14 @@ def check_postgres(settings: SiteSettings) -> list[Check]:
             skipped(PG, "migrated", "Postgres unreachable"),
         ]
     reachable = passed(PG, "reachable", where)
+    guarded = _password_required(url)
     have, want = {r[0] for r in rows}, migration_heads()
     if have == want:
-        return [reachable, passed(PG, "migrated", f"at head ({', '.join(sorted(want))})")]
+        migrated = passed(PG, "migrated", f"at head ({', '.join(sorted(want))})")
+        return [reachable, guarded, migrated]
     return [
         reachable,
+        guarded,
         failed(
             PG,
             "migrated",
@@ -68,6 +71,27 @@ def check_postgres(settings: SiteSettings) -> list[Check]:
             "(docs/install.md, step 4)",
         ),
     ]
+
+
+def _password_required(url: URL) -> Check:
+    """Postgres must not let the service's role in without its password: whoever connects
+    as it can rewrite whom every run runs as (docs/install.md, "The database must not
+    trust local users"). Tried from here, the service's host, without the password."""
+    bare = url.set(drivername="postgresql", password=None).render_as_string(hide_password=False)
+    try:
+        with psycopg.connect(bare, connect_timeout=5):
+            pass
+    except psycopg.Error:
+        return passed(PG, "password required", f"{url.username} needs its password")
+    return Check(
+        PG,
+        "password required",
+        Status.WARN,
+        f"Postgres let {url.username} in without a password from this host: anyone who can "
+        "reach it as that role can change whom runs run as",
+        "give the role a password (scram-sha-256) and remove the trust lines of pg_hba.conf "
+        "(docs/install.md); the dev cluster trusts 127.0.0.1 on purpose",
+    )
 
 
 def _compute_nodes_write(settings: SiteSettings, root: Path) -> Check:

@@ -266,7 +266,9 @@ def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
         ).stdout
     )  # fmt: skip
     statuses = {c["name"]: c["status"] for c in checked["checks"]}
-    assert statuses == {"service user": "ok", "secrets": "ok", "acts as its users": "ok"}, checked
+    assert statuses == {
+        "service user": "ok", "secrets": "ok", "owner group": "ok", "acts as its users": "ok"
+    }, checked  # fmt: skip
     agent_pids = sorted((site.root / "agent-state").glob("*/agent.pid"))
     assert [p.parent.name for p in agent_pids] == site.nodes
     for pid_file in agent_pids:

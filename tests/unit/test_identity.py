@@ -183,3 +183,20 @@ def test_the_doctor_warns_of_owners_who_may_become_root(tmp_path: Path) -> None:
         assert check.status == "ok" and "2 users, none privileged" in check.detail, check
     finally:
         subprocess.run(["groupdel", name], check=True)
+
+
+def test_the_doctor_warns_when_postgres_lets_the_service_role_in_without_a_password(
+    database_url: str,
+) -> None:
+    """The tests' Postgres trusts 127.0.0.1, as this machine ships it: the doctor says what
+    that allows, and how to close it."""
+    import dataclasses
+
+    from client.doctor.result import SiteSettings
+    from client.doctor.site import check_postgres
+
+    settings = dataclasses.replace(SiteSettings.load(None), database_url=database_url)
+    checks = {c.name: c for c in check_postgres(settings)}
+    guarded = checks["password required"]
+    assert guarded.status == "warn" and "without a password" in guarded.detail, guarded
+    assert "scram-sha-256" in guarded.fix
