@@ -35,7 +35,7 @@ def rank0_log(service: ServiceProcess, slurm_job_id: str) -> str:
     """Rank 0's output (its reporter's warnings among it), read from the job folder: the
     API that serves it is down for part of this test."""
     jobs = Path(service.settings["RUNYARD_STATE_DIR"]) / "jobs"
-    found = sorted(jobs.glob(f"*/attempt-*/{slurm_job_id}_0_log.out"))
+    found = sorted(jobs.glob(f"*/*/attempt-*/{slurm_job_id}_0_log.out"))  # owner/run/attempt
     return found[0].read_text(errors="replace") if found else ""
 
 
