@@ -16,6 +16,7 @@ from pathlib import Path
 
 from client.api import ApiError, RunyardClient
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
+from contract.unix_groups import group_members
 
 ID = Area.IDENTITY
 OWNER_PROGRAM = ["-I", "-m", "service.identity.as_owner"]
@@ -120,7 +121,7 @@ def check_owner_group(settings: SiteSettings, service_user: str) -> Check:
     keep clean, and this says who should not be in it."""
     name = settings.extra.get("RUNYARD_OWNER_GROUP") or "runyard-users"
     try:
-        group = grp.getgrnam(name)
+        members = group_members(name)
     except KeyError:
         return failed(
             ID,
@@ -128,7 +129,6 @@ def check_owner_group(settings: SiteSettings, service_user: str) -> Check:
             f"no group {name}: the sudoers rule's Runas list names it",
             f"groupadd {name}, then usermod -aG {name} for each user (docs/install.md step 3)",
         )
-    members = set(group.gr_mem) | {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid}
     admins: set[str] = set()
     for admin_group in ADMIN_GROUPS:
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from contract.unix_groups import group_members
 from service.auth.principal import Principal
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
@@ -103,10 +104,11 @@ def check_unix_user(unix_user: str, owner_group: str) -> None:
         ) from None
     if entry.pw_uid == 0:
         raise InvalidSpec("unix: runs never run as root; link the user to their own login")
-    if entry.pw_uid < first_user_uid() or entry.pw_uid == os.geteuid():
+    first_uid = first_user_uid()
+    if entry.pw_uid < first_uid or entry.pw_uid == os.geteuid():
         raise InvalidSpec(
             f"unix: {unix_user} (uid {entry.pw_uid}) is a system account, not a person's "
-            f"login (below UID_MIN {first_user_uid()}); link the user to their own login"
+            f"login (below UID_MIN {first_uid}); link the user to their own login"
         )
     if not in_group(unix_user, owner_group):
         raise InvalidSpec(
@@ -131,10 +133,9 @@ def in_group(unix_user: str, group: str) -> bool:
     """Whether `unix_user` is a member of `group`, as its primary group or a supplementary
     one."""
     try:
-        found = grp.getgrnam(group)
+        return unix_user in group_members(group)
     except KeyError:
         return False
-    return unix_user in found.gr_mem or pwd.getpwnam(unix_user).pw_gid == found.gr_gid
 
 
 def primary_group(unix_user: str) -> str:

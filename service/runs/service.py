@@ -71,7 +71,7 @@ def owner_inputs(
     """The model's shape and the data's fit, read from the shared filesystem as the run's
     owner: a folder the owner cannot read fails here with the OS's words and the path,
     whatever the service itself could read. Builtin data and a preset read nothing."""
-    if shape is not None and spec.data == BUILTIN_DATA:
+    if shape is not None and not reads_files(spec):
         problems = check_dataset(spec.data, shape, spec.seq_len, spec.eval_every)
         found: dict[str, Any] = {
             "shape": None,
