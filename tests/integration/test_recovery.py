@@ -47,6 +47,21 @@ def cancel_and_wait(client: RunyardClient, run_id: int) -> None:
     wait_for("the run cancelled", lambda: client.get_run(run_id)["state"] == "CANCELLED")
 
 
+def moved_to_the_spare(
+    client: RunyardClient, run_id: int, spare: str, lost: str, detector: str, says: str
+) -> None:
+    """Attempt 2 runs on the spare instead of `lost`, after the one incident of the run,
+    opened for `lost` by the `detector` signal alone, its message `<lost>: <says>...`."""
+    second = wait_for(
+        "attempt 2 running on the spare", lambda: running_attempt(client, run_id, 2), timeout_s=90
+    )
+    assert spare in second["nodes"] and lost not in second["nodes"]
+    (incident,) = [i for i in client.list_incidents() if i["run_id"] == run_id]
+    assert incident["node_name"] == lost, incident
+    assert incident["signal"] == detector, incident
+    assert incident["message"].startswith(f"{lost}: {says}"), incident
+
+
 def test_killed_slurmd_is_found_by_slurm_and_the_spare_takes_over(
     spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:
@@ -64,16 +79,7 @@ def test_killed_slurmd_is_found_by_slurm_and_the_spare_takes_over(
     slurmd = slurm_cluster.table.load()[f"slurmd:{gone}"]
     try:
         stop(slurmd, timeout_s=0)  # SIGKILL at once; the agent on that node runs on
-        second = wait_for(
-            "attempt 2 running on the spare",
-            lambda: running_attempt(client, run_id, 2),
-            timeout_s=90,
-        )
-        assert spare in second["nodes"] and gone not in second["nodes"]
-        (incident,) = [i for i in client.list_incidents() if i["run_id"] == run_id]
-        assert incident["node_name"] == gone, incident
-        assert incident["signal"] == "slurm:node_down", incident
-        assert incident["message"].startswith(f"{gone}: Slurm reports "), incident
+        moved_to_the_spare(client, run_id, spare, gone, "slurm:node_down", "Slurm reports ")
         assert client.get_node(gone)["last_heartbeat_at"], "the agent kept heartbeating"
         cancel_and_wait(client, run_id)
     finally:
@@ -92,16 +98,7 @@ def test_a_silent_agent_is_a_lost_heartbeat_and_the_spare_takes_over(
     silent = client.get_run(run_id)["nodes"][1]
     agents.stop(silent)
     try:
-        second = wait_for(
-            "attempt 2 running on the spare",
-            lambda: running_attempt(client, run_id, 2),
-            timeout_s=90,
-        )
-        assert spare in second["nodes"] and silent not in second["nodes"]
-        (incident,) = [i for i in client.list_incidents() if i["run_id"] == run_id]
-        assert incident["node_name"] == silent, incident
-        assert incident["signal"] == "heartbeat:lost", incident
-        assert incident["message"].startswith(f"{silent}: no heartbeat for "), incident
+        moved_to_the_spare(client, run_id, spare, silent, "heartbeat:lost", "no heartbeat for ")
         state = slurm("sinfo", "-h", "-N", "-n", silent, "-o", "%T", conf=conf).strip()
         assert "down" not in state, f"Slurm saw {silent} {state}: the heartbeat was not alone"
         cancel_and_wait(client, run_id)
