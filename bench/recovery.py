@@ -6,11 +6,12 @@ first resumed step, and reads the incident's timestamps from the service. Betwee
 drained node is resumed so the spare pool refills.
 
     runyard dev up && .venv/bin/python bench/recovery.py [--rounds 3]
-    runyard dev up && .venv/bin/python bench/recovery.py --compare [--layout dp|tp2pp2]
+    runyard dev up && .venv/bin/python bench/recovery.py --compare [--layout dp|tp2pp2] [--pace-s S]
 
 --compare runs bench/recovery_compare.py instead: the classic path against the fast path
 (replica groups) on the same run and the same injected Xid 79, in a data-parallel layout
-(dp: 4 groups of one node) or tp 2 x pp 2 (tp2pp2: 2 groups of two nodes of 2 GPUs).
+(dp: 4 groups of one node) or tp 2 x pp 2 (tp2pp2: 2 groups of two nodes of 2 GPUs), with
+every step paced to stand in for a device's compute (--pace-s; why: its docstring).
 
 The last line is one JSON object with the figures, the target (signal in the log to first
 resumed step under 30 s for the tiny model) and "target_met".
@@ -108,13 +109,21 @@ def main() -> None:
         default="dp",
         help="--compare's layout: data parallel, or tp 2 x pp 2 in each replica group",
     )
+    parser.add_argument(
+        "--pace-s",
+        type=float,
+        default=None,
+        help="--compare's floor on a step, per share of the batch, standing in for a device's "
+        "compute (default 1; 0: unpaced; see bench/recovery_compare.py)",
+    )
     args = parser.parse_args()
     dev = DevCluster(default_state_dir())
     client = RunyardClient(dev.service_url)
     if args.compare:
-        from bench.recovery_compare import compare
+        from bench.recovery_compare import DEFAULT_PACE_S, compare
 
-        result = compare(client, dev, args.layout)
+        pace_s = DEFAULT_PACE_S if args.pace_s is None else args.pace_s
+        result = compare(client, dev, args.layout, pace_s)
         for path in ("classic", "fast"):
             print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in result[path].items()), flush=True)
         print(f"fast/classic GPU-seconds lost: {result['fast_over_classic_gpu_s']}")

@@ -4,10 +4,28 @@ Both runs are the same spec on the same nodes, the tiny model, in one of two lay
 (`--layout`): `dp` (4 nodes of 1 GPU, data parallel; the fast one as 4 replica groups of one
 node) or `tp2pp2` (4 nodes of 2 GPUs, tp 2 x pp 2 x dp 2; the fast one as 2 replica groups
 of two nodes, each a complete tp 2 x pp 2 copy). Each is hit by a real-format Xid 79 in one
-node's
-kernel log half a checkpoint interval after a commit (the average failure's distance from
-its last checkpoint), read by the node's real health agent. From the run's metric rows:
+node's kernel log half a checkpoint interval after a commit (the average failure's distance
+from its last checkpoint), read by the node's real health agent.
 
+Paced steps (`--pace-s`, default 1 s). On a GPU cluster a step's compute is the device's:
+the host is mostly idle, each node has its own CPUs, and a restart reloads and recomputes
+steps that each take seconds. The dev cluster is 8 nodes on this machine's few cores, and
+the tiny model's CPU step takes a fraction of a second, so unpaced it measures something
+else: the fast path's replacement group starts while the survivors' ranks take every core
+(its ranks' start-up took 17 s there against the classic path's 14 s on idle cores), and the
+classic path recomputes 30 steps in a few seconds. With a pace, every rank sleeps out each
+step to `pace-s` per share of the global batch it trained (the `pace_step` fault hook; a
+survivor covering a lost group's share takes twice as long, as a device would), which
+leaves the cores idle as a GPU host's are. The pace is not fitted to the target: at 1 s the
+classic path's mean recompute (30 steps, 30 s) is about twice its restart (~15 s), while at
+405B the planner's interval gives 147 s of mean recompute against a 43.8 s restart
+(sim/costs.py), 3.4 times: the bench still gives the classic path the smaller share of
+recompute that real runs have. `--pace-s 0` measures the unpaced figure. The dev service
+forwards RUNYARD_FAULT to jobs from its own environment, so the bench restarts the dev
+cluster's service and agents with the pace for its two runs (by name) and again without it
+afterwards.
+
+From the run's metric rows:
 - when each step finished: a report carries the steps of one window, the last finished
   when the report was sent and each earlier one a mean step time before it;
 - the step reached at the Xid (S): the highest step finished before the Xid line;
@@ -15,11 +33,13 @@ its last checkpoint), read by the node's real health agent. From the run's metri
   is not trained again later (the classic path's failed attempt trains on until its
   scancel; a restarted run redoes those steps);
 - steps recomputed: steps at or below S that an attempt restarted from disk finished
-  again (the fast path's step in flight, aborted and redone, is in the survivors' stall);
-- GPU-seconds lost, ranks idle or recomputing, summed. Classic: every rank from the Xid to
-  the next productive step. Fast: the surviving groups' stall (their report windows that
-  took longer than usual, from the Xid to just after the rejoin) on their ranks, plus the
-  failed group's ranks from the Xid to its replacement's first step (the spare joining).
+  again (the fast path's step in flight, aborted and redone, is in its lost time);
+- GPU-seconds lost, the same measure for both paths: every rank of the run, from the Xid
+  until the run has trained SETTLED_S at its usual pace after the recovery (the classic
+  path's next productive step, the fast path's replacement's first report), less the
+  steps above S it finished meanwhile, each worth the usual step time on every rank. A
+  failed group's idle GPUs, a survivors' stall, a step trained twice and a survivor's
+  slower steps covering a missing share all show as steps the run did not finish.
 
 Targets: the fast path recomputes at most 1 step and loses at most a third of the classic
 path's GPU-seconds.
@@ -27,13 +47,17 @@ path's GPU-seconds.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from client.api import RunyardClient
+from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster
 from client.devcluster.demo import inject_xid_79, spares_held
 
@@ -57,6 +81,11 @@ LAYOUTS = {
     "tp2pp2": BenchLayout(nodes=4, gpus_per_node=2, groups=2, parallelism={"tp": 2, "pp": 2}),
 }
 CHECKPOINT_EVERY = 60
+# After the recovery, the run trains this long at its usual pace before the count ends: a
+# survivor's stall when the replacement joins falls inside it.
+SETTLED_S = 10.0
+DEFAULT_PACE_S = 1.0
+RUN_NAMES = {False: "bench-compare-classic", True: "bench-compare-fast"}
 SPEC: dict[str, Any] = {
     "model": "tiny",
     "seq_len": 128,
@@ -95,79 +124,60 @@ def figures(
     rows: list[dict[str, Any]],
     xid_at: float,
     ranks: int,
-    failed_ranks: int,
-    failed: int,
     replacement: int | None,
     from_disk: set[int],
 ) -> dict[str, float]:
-    """The figures of one path (pure; see the module docstring). `failed` is the attempt
-    the Xid ended, `replacement` the fast path's new attempt for its group."""
+    """The figures of one path (pure; see the module docstring). `replacement` is the fast
+    path's new attempt for the failed group (None: the classic path), `from_disk` the
+    attempts restarted from a checkpoint after the Xid. Raises ValueError until the rows
+    reach SETTLED_S past the recovery."""
     done = step_finish_times(rows)
     everything = [(s, t) for steps in done.values() for s, t in steps]
     reached = max(s for s, t in everything if t <= xid_at)
     # A step finished after the Xid is productive unless an attempt restarted from disk
     # after the Xid trains it again (the classic path's doomed attempt trains on until its
     # scancel, and the restarted run redoes those steps); a healed replacement trains
-    # alongside the survivors, it redoes nothing.
+    # alongside the survivors, it redoes nothing. Each step counts once, when first done.
     redone = {s for a in from_disk for s, _ in done.get(a, [])}
-    next_at = min(
-        t
-        for a, steps in done.items()
-        for s, t in steps
-        if s > reached and t > xid_at and (a in from_disk or s not in redone)
-    )
+    productive: dict[int, float] = {}
+    for a, steps in done.items():
+        for s, t in steps:
+            if s > reached and t > xid_at and (a in from_disk or s not in redone):
+                productive[s] = min(t, productive.get(s, t))
+    if not productive:
+        raise ValueError("no step past the Xid's yet")
+    next_at = min(productive.values())
     # Trained again: steps at or below S that a restarted attempt finished again (a
     # surviving group finishing step S a little after the failed one is not a recompute).
     recomputed = {s for a in from_disk for s, t in done.get(a, []) if s <= reached}
-    stall = 0.0
-    if replacement is None:  # classic: every rank waits for the restarted run
-        lost = ranks * (next_at - xid_at)
+    sent = [datetime.fromisoformat(r["recorded_at"]).timestamp() for r in rows]
+    if replacement is None:
+        recovered_at = next_at
     else:
-        # The survivors go on until the failed group's job is killed, then stall (the
-        # quorum drops it, the step in flight is redone) and again briefly when the
-        # replacement joins. A report's window carries its mean step time, so a stall
-        # shows as the window taking longer than usual: every survivor window that ended
-        # between the Xid and just after the rejoin counts what it took beyond its usual
-        # steps (this also counts the survivors' slower degraded steps, which do train:
-        # pessimistic for the fast path). The failed group's GPUs count as lost from the
-        # Xid line until its replacement's first step (its old job trained on until the
-        # scancel: pessimistic again).
-        # The replacement's first report, not its back-dated first step: that window's mean
-        # step time includes the start-up and the heal, which would date its first step
-        # before the replacement even started (pessimistic for the fast path).
-        rejoined = min(
-            datetime.fromisoformat(row["recorded_at"]).timestamp()
-            for row in rows
-            if row["attempt_id"] == replacement
+        # The replacement's first report, not its back-dated first step: that window's
+        # mean step time includes the start-up and the heal.
+        recovered_at = min(
+            (t for r, t in zip(rows, sent, strict=True) if r["attempt_id"] == replacement),
+            default=None,
         )
-        windows: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            if row["attempt_id"] not in (failed, replacement):
-                windows[(row["attempt_id"], row["recorded_at"])].append(row)
-        timed = [
-            (datetime.fromisoformat(at).timestamp(), len(w), w[0]["step_time_s"] or 0.0)
-            for (_, at), w in windows.items()
-        ]
-        last_sent = {
-            a: max(datetime.fromisoformat(at).timestamp() for b, at in windows if b == a)
-            for a, _ in windows
-        }
-        if any(sent < rejoined + 5.0 for sent in last_sent.values()):
-            raise ValueError("the survivors have not reported past the rejoin yet")
-        usual = sorted(step_s for sent, _, step_s in timed if sent <= xid_at)
-        typical = usual[len(usual) // 2] if usual else 0.0
-        survivor_groups = len({a for a, _ in windows})
-        stall = sum(
-            max(0.0, k * (step_s - typical))
-            for sent, k, step_s in timed
-            if xid_at < sent <= rejoined + 5.0
-        ) / max(1, survivor_groups)  # per group: the groups stall together
-        lost_ranks = ranks - failed_ranks
-        lost = lost_ranks * stall + failed_ranks * (rejoined - xid_at)
+        if recovered_at is None:
+            raise ValueError("the replacement has not reported yet")
+    end = recovered_at + SETTLED_S
+    if max(sent) < end:
+        raise ValueError("the run has not reported past the recovery yet")
+    # The usual step: the median report window's mean step time before the Xid.
+    windows = {
+        (r["attempt_id"], t): r["step_time_s"] or 0.0 for r, t in zip(rows, sent, strict=True)
+    }
+    usual = sorted(step_s for (_, t), step_s in windows.items() if t <= xid_at)
+    typical = usual[len(usual) // 2]
+    finished = sum(1 for t in productive.values() if t <= end)
+    lost = ranks * ((end - xid_at) - finished * typical)
     return {
         "step_at_xid": reached,
+        "usual_step_s": round(typical, 3),
         "xid_to_next_productive_step_s": round(next_at - xid_at, 2),
-        "survivors_stall_s": round(stall, 2),
+        "xid_to_recovered_s": round(recovered_at - xid_at, 2),
         "gpu_s_lost": round(lost, 1),
         "steps_recomputed": len(recomputed),
     }
@@ -189,7 +199,7 @@ def one_path(
 ) -> dict[str, float]:
     spec = {
         **SPEC,
-        "name": f"bench-compare-{'fast' if fast else 'classic'}",
+        "name": RUN_NAMES[fast],
         "nodes": layout.nodes,
         "gpus_per_node": layout.gpus_per_node,
         "parallelism": layout.parallelism,
@@ -225,36 +235,65 @@ def one_path(
             return new[0] if new else None
 
         replacement = _wait("the replacement's first step", recovered)
-        failed_ranks = layout.ranks // groups  # the failed node's group (all, classic)
 
         def measured() -> dict[str, float] | None:
-            try:  # until a step past the one reached at the Xid has been reported
+            try:  # until the run has trained SETTLED_S past the recovery
                 return figures(
                     _metrics(client, run_id),
                     xid_at,
                     ranks=layout.ranks,
-                    failed_ranks=failed_ranks,
-                    failed=victim["id"],
+                    replacement=replacement["id"] if fast else None,
                     from_disk={
                         a["id"]
                         for a in client.get_run(run_id)["attempts"]
                         if a["id"] not in before and a["resume_step"] is not None
                     },
-                    replacement=replacement["id"] if fast else None,
                 )
             except ValueError:
                 return None
 
-        result: dict[str, float] = _wait("a step past the Xid's", measured)
+        result: dict[str, float] = _wait("the run settled past the recovery", measured)
     finally:
         client.cancel_run(run_id)
     client.resume_node(node)
     return result
 
 
-def compare(client: RunyardClient, dev: DevCluster, layout: str = "dp") -> dict[str, Any]:
+@contextmanager
+def paced_steps(dev: DevCluster, pace_s: float) -> Iterator[None]:
+    """The dev cluster's service and agents restarted with `pace_s` for the bench's two runs
+    (RUNYARD_FAULT, which the service forwards to its jobs), and again without it after."""
+    if pace_s <= 0:
+        yield
+        return
+    before = os.environ.get("RUNYARD_FAULT")
+    paces = [f"pace_step:1:*@{name}={pace_s}" for name in RUN_NAMES.values()]
+    os.environ["RUNYARD_FAULT"] = ",".join(filter(None, (before, *paces)))
+    try:
+        _restart_control_plane(dev)
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RUNYARD_FAULT", None)
+        else:
+            os.environ["RUNYARD_FAULT"] = before
+        _restart_control_plane(dev)
+
+
+def _restart_control_plane(dev: DevCluster) -> None:
+    if not cluster.stop_control_plane(dev):
+        raise SystemExit(
+            "bench: --pace-s needs the dev cluster's own service running, one replica "
+            "(`runyard dev up`); --pace-s 0 runs unpaced on any"
+        )
+    cluster.up(cluster=dev, say=lambda _: None)
+
+
+def compare(
+    client: RunyardClient, dev: DevCluster, layout: str = "dp", pace_s: float = DEFAULT_PACE_S
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    with spares_held(client, 1):
+    with paced_steps(dev, pace_s), spares_held(client, 1):
         for fast in (False, True):
             _wait("a spare", lambda: client.get_spares()["members"])
             results["fast" if fast else "classic"] = one_path(client, dev, fast, LAYOUTS[layout])
@@ -262,6 +301,7 @@ def compare(client: RunyardClient, dev: DevCluster, layout: str = "dp") -> dict[
     ratio = fast["gpu_s_lost"] / classic["gpu_s_lost"] if classic["gpu_s_lost"] else float("inf")
     return {
         "layout": layout,
+        "pace_s": pace_s,
         **results,
         "fast_over_classic_gpu_s": round(ratio, 3),
         "targets": {"fast_steps_recomputed_max": 1, "fast_over_classic_gpu_s_max": 1 / 3},

@@ -29,10 +29,14 @@ Faults (and the point of the step where each fires):
                         RUNYARD_FAULT_SLOW_S, default 0.3) in its update, as a throttled or
                         failing GPU would stretch it: the straggler check must flag its node.
   pace_step             from this step on, each of this rank's steps takes at least its
-                        seconds (required): the rank sleeps out the rest at the step's end,
-                        outside the timed update. Not a failure: it gives the integration
-                        tests runs whose length in seconds does not depend on how fast the
-                        machine computes, so a fault still lands while the run trains.
+                        seconds (required) per share of the global batch it trained: the
+                        rank sleeps out the rest at the step's end, outside the timed
+                        update. Not a failure: it gives the integration tests runs whose
+                        length in seconds does not depend on how fast the machine computes,
+                        so a fault still lands while the run trains; and it stands in for
+                        a device's compute, which leaves the host idle and grows with the
+                        rows trained (a replica group covering a lost group's share takes
+                        twice as long), for the recovery bench (bench/recovery_compare.py).
   slow_checkpoint_write the checkpoint writer of this step's save sleeps its seconds (else
                         RUNYARD_FAULT_SLOW_S) before writing, the GIL released, as a slow
                         filesystem would stretch it: training steps on beside it.
@@ -218,13 +222,15 @@ def stall_write(step: int, rank: int) -> float:
     return total
 
 
-def pace(step: int, rank: int, step_started: float) -> float:
+def pace(step: int, rank: int, step_started: float, shares: int = 1) -> float:
     """If pace_step names this step and rank: sleep until the step, begun at `step_started`
-    (time.monotonic()), has taken the longest pace named. How long it slept."""
+    (time.monotonic()), has taken the longest pace named times the `shares` of the global
+    batch it trained. How long it slept."""
     firing = _firing("step_end", step, rank)
     if not firing:
         return 0.0
-    rest = max(f.seconds or 0.0 for f in firing) - (time.monotonic() - step_started)
+    floor = max(f.seconds or 0.0 for f in firing) * shares
+    rest = floor - (time.monotonic() - step_started)
     if rest > 0:
         time.sleep(rest)
     return max(rest, 0.0)

@@ -375,7 +375,8 @@ def train_loop(
             if last:  # the attempt ends here: its final checkpoint must be committed first
                 committed(checkpointer.wait())
         faults.maybe_crash("after_step", step, rank)
-        faults.pace(step, rank, step_started)  # pace_step: the tests' floor on a step's time
+        # pace_step: the tests' floor on a step's time, per share of the batch trained
+        faults.pace(step, rank, step_started, len(sync.shares()))
         if stop:
             stopped_early = True
             if is_rank0:

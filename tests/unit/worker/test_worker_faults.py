@@ -31,6 +31,10 @@ def test_pace_step_makes_a_step_last_its_seconds_and_no_longer(
     slept = faults.pace(7, 1, started)  # every rank, every step from 3 on
     assert 0 < slept <= 0.15 and time.monotonic() - started >= 0.2
     assert faults.pace(8, 0, time.monotonic() - 0.5) == 0.0  # already slower than the pace
+    # Two shares of the batch (a replica group covering a lost group's): twice the floor.
+    started = time.monotonic() - 0.25
+    assert 0.1 < faults.pace(9, 0, started, shares=2) <= 0.15
+    assert time.monotonic() - started >= 0.4
 
     monkeypatch.setattr(faults, "_context", {"run": "other", "attempt": 1})
     assert faults.pace(7, 1, time.monotonic()) == 0.0
