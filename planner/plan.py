@@ -16,17 +16,18 @@ from .collectives import Fabric
 from .hardware import GIB, Network, hardware_named
 from .layout import PINNABLE, PRECISIONS, RECOMPUTE_MODES
 from .reliability import ReliabilityAssumptions, assess
-from .replica_groups import GroupChoice, choose_groups
+from .replica_groups import GroupDecision, choose_groups
 from .schemas import (
     Alternative,
     CheckpointPlan,
+    DeclinedSplit,
     MemoryGiB,
     PlannedLayout,
     PlanResult,
     StepBreakdown,
     StepTerms,
 )
-from .search import Candidate, Pinned, Request, SearchOutcome, search
+from .search import TIE, Candidate, Pinned, Request, SearchOutcome, search
 from .step_time import UNSCALED, StepScale, estimate_step, step_terms_s
 from .transformer import model_flops_per_token
 
@@ -162,10 +163,10 @@ def plan(
         raise no_layout_error(request, outcome)
     if calibration is not None:
         reliability = calibration.reliability(reliability)
-    choice = choose_groups(
+    decision = choose_groups(
         request, outcome.ranked, reliability or ReliabilityAssumptions(), replica_groups
     )
-    if choice is None:
+    if decision is None:
         raise PlanError(
             "replica_groups",
             f"no layout that fits splits into {replica_groups} replica groups of whole nodes "
@@ -173,9 +174,10 @@ def plan(
             "only inside a group); pin another count or use fault_tolerance: auto",
         )
     # The chosen layout as planned with its groups first, then the runners-up.
-    others = [c for c in outcome.ranked if c.layout != choice.candidate.layout]
-    outcome.ranked = [choice.candidate, *others][: num_runners_up + 1]
-    return _result(request, outcome, reliability, calibration, choice)
+    chosen = decision.chosen.candidate
+    others = [c for c in outcome.ranked if c.layout != chosen.layout]
+    outcome.ranked = [chosen, *others][: num_runners_up + 1]
+    return _result(request, outcome, reliability, calibration, decision)
 
 
 def explain_does_not_fit(
@@ -240,6 +242,59 @@ def _searched(
     return request, search(request, keep=keep)
 
 
+def _declined(decision: GroupDecision | None) -> DeclinedSplit | None:
+    split = decision.best_split if decision is not None else None
+    if decision is None or split is None or split.reliability.goodput_fast is None:
+        return None
+    return DeclinedSplit(
+        replica_groups=split.groups,
+        layout=_planned(split.candidate),
+        step_time_s=split.candidate.step.total_s,
+        goodput_fast=split.reliability.goodput_fast,
+        throughput_ratio=split.throughput_per_s / decision.chosen.throughput_per_s,
+    )
+
+
+def _no_groups_because(decision: GroupDecision | None) -> str | None:
+    """Why `fault_tolerance: auto` planned no replica groups (None: it planned some, or G
+    was pinned)."""
+    if decision is None or decision.chosen.groups > 1:
+        return None
+    split, chosen = decision.best_split, decision.chosen
+    if split is not None and split.reliability.goodput_fast is not None:
+        ratio = split.throughput_per_s / chosen.throughput_per_s
+        verdict = (
+            f"{1 - ratio:.1%} less expected throughput (tokens/s x goodput)"
+            if ratio < 1
+            else f"{ratio - 1:.1%} more expected throughput (tokens/s x goodput), within "
+            f"the models' resolution ({TIE:.1%}), and groups are planned only where they "
+            "clearly pay"
+        )
+        return (
+            f"the best split, {split.groups} replica groups at "
+            f"{_layout_words(split.candidate)}, steps {split.candidate.step.total_s:.2f} s "
+            f"against {chosen.candidate.step.total_s:.2f} s for a goodput of "
+            f"{split.reliability.goodput_fast:.1%} against {chosen.reliability.goodput:.1%}: "
+            f"{verdict}"
+        )
+    if decision.splittable:
+        return (
+            f"none of the {decision.considered} fastest layouts still fits in memory split "
+            "into replica groups (ZeRO shards only inside a group)"
+        )
+    if decision.considered == 0:
+        return None
+    return (
+        f"none of the {decision.considered} fastest layouts splits into replica groups "
+        "(a count must divide data parallel and the nodes)"
+    )
+
+
+def _layout_words(candidate: Candidate) -> str:
+    layout = candidate.layout
+    return f"dp={layout.dp} tp={layout.tp} pp={layout.pp} cp={layout.cp}"
+
+
 def _planned(candidate: Candidate) -> PlannedLayout:
     lay = candidate.layout
     return PlannedLayout(
@@ -279,14 +334,14 @@ def _result(
     outcome: SearchOutcome,
     assumptions: ReliabilityAssumptions | None,
     calibration: Calibration | None = None,
-    choice: GroupChoice | None = None,
+    decision: GroupDecision | None = None,
 ) -> PlanResult:
     best = outcome.ranked[0]
     uncalibrated_step_s, terms = _published_figures(request, best)
     tokens_per_s, mfu, tflops = _speed(request, best)
     rel = (
-        choice.reliability
-        if choice is not None
+        decision.chosen.reliability
+        if decision is not None
         else assess(
             request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
         )
@@ -350,6 +405,8 @@ def _result(
         goodput=rel.goodput,
         goodput_fast=rel.goodput_fast,
         fast_replica_groups=rel.replica_groups,
+        declined_split=_declined(decision),
+        no_groups_because=_no_groups_because(decision),
         lost_s_per_interruption={
             "classic": rel.classic_lost_s,
             **({"fast": rel.fast_lost_s} if rel.fast_lost_s is not None else {}),

@@ -117,20 +117,33 @@ def with_groups(
     return GroupChoice(candidate, groups, rel)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupDecision:
+    """The planner's (layout, G), and for a choice of no groups, the best split it turned
+    down (None when no layout could be split, or G was pinned), so the plan can say why."""
+
+    chosen: GroupChoice
+    best_split: GroupChoice | None = None
+    considered: int = 0  # layouts costed (the fastest; a pinned G: every one that fits)
+    splittable: bool = False  # whether any of them has a G >= 2 the contract allows
+
+
 def choose_groups(
     request: Request,
     ranked: list[Candidate],
     assumptions: ReliabilityAssumptions,
     pinned: int | None,
-) -> GroupChoice | None:
+) -> GroupDecision | None:
     """The (layout, G) with the most expected throughput among `ranked` (fastest first);
     `pinned`: G fixed (1: no groups), None: the planner's choice. None when no ranked
     layout can take a pinned G."""
     fabric = Fabric.of(request.hardware, request.network, request.gpus_per_node)
     num_nodes = max(1, request.num_gpus // request.gpus_per_node)
     options: list[GroupChoice] = []
+    splittable = False
     for candidate in ranked:
         counts = [1, *group_counts(candidate.layout, num_nodes)]
+        splittable = splittable or len(counts) > 1
         for groups in counts if pinned is None else [g for g in counts if g == pinned]:
             choice = with_groups(request, fabric, candidate, groups, assumptions)
             if choice is not None:
@@ -141,4 +154,11 @@ def choose_groups(
     # search's order (the simpler layout) and then fewer groups (fewer jobs, less
     # cross-group traffic): groups are chosen only where they clearly pay.
     best = max(c.throughput_per_s for c in options)
-    return next(c for c in options if c.throughput_per_s >= best * (1 - TIE))
+    chosen = next(c for c in options if c.throughput_per_s >= best * (1 - TIE))
+    splits = [c for c in options if c.groups > 1]
+    declined = (
+        max(splits, key=lambda c: c.throughput_per_s)
+        if pinned is None and chosen.groups == 1 and splits
+        else None
+    )
+    return GroupDecision(chosen, declined, len(ranked), splittable)

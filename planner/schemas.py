@@ -108,6 +108,18 @@ class Alternative(_Out):
     memory_gib_per_gpu: float
 
 
+class DeclinedSplit(_Out):
+    """The best split into replica groups that `fault_tolerance: auto` turned down."""
+
+    replica_groups: int
+    layout: PlannedLayout
+    step_time_s: float = Field(description="Its step: ZeRO sharded only inside a group.")
+    goodput_fast: float = Field(description="Its goodput on the fast recovery path.")
+    throughput_ratio: float = Field(
+        description="Its expected throughput (tokens/s x goodput) over the chosen plan's."
+    )
+
+
 class PlanResult(_Out):
     """Everything the planner knows about the best layout for a run."""
 
@@ -135,6 +147,15 @@ class PlanResult(_Out):
         "live peer); None when the nodes cannot be split into the groups.",
     )
     fast_replica_groups: int = Field(default=0, description="Replica groups goodput_fast assumes.")
+    declined_split: DeclinedSplit | None = Field(
+        default=None,
+        description="With fault_tolerance auto and no groups chosen: the best split the "
+        "planner costed (None if no layout it costed could be split and still fit).",
+    )
+    no_groups_because: str | None = Field(
+        default=None,
+        description="With fault_tolerance auto and no groups chosen: why, in one sentence.",
+    )
     lost_s_per_interruption: dict[str, float] = Field(
         default_factory=dict,
         description="Whole-run seconds lost per interruption, by recovery path.",

@@ -259,10 +259,12 @@ def print_plan(result: dict[str, Any]) -> None:
     lost = result.get("lost_s_per_interruption") or {}
     if result.get("goodput_fast") is None:
         # No fast-path figure for a run the service would not split into replica groups.
+        why = result.get("no_groups_because") or (
+            "they must divide data parallel and the nodes, fit in memory, and pay for "
+            "their cost in throughput"
+        )
         console.print(
-            "recovery: classic path only (restart from disk): no replica groups for this "
-            "layout and size (they must divide data parallel and the nodes, fit in memory, "
-            "and pay for their cost in throughput)",
+            f"recovery: classic path only (restart from disk): no replica groups: {why}",
             highlight=False,
         )
     else:

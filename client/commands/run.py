@@ -63,10 +63,13 @@ def print_decision(decision: dict[str, Any]) -> None:
     console.print(f"{decision['world_size']} ranks; pinned: {pinned}")
     console.print(f"layout {layout_text(decision['layout'])}")
     groups = decision.get("replica_groups", 1)
+    why = decision["plan"].get("no_groups_because")
     console.print(
         f"replica groups: {groups} (fast recovery: a failed node's group heals from a peer)"
         if groups > 1
         else "replica groups: none (classic recovery: restart from the last checkpoint)"
+        + (f"; fault_tolerance auto: {why}" if why else ""),
+        highlight=False,
     )
     console.print(plan_text(decision["plan"]))
 
