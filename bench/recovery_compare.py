@@ -286,7 +286,10 @@ def _restart_control_plane(dev: DevCluster) -> None:
             "bench: --pace-s needs the dev cluster's own service running, one replica "
             "(`runyard dev up`); --pace-s 0 runs unpaced on any"
         )
-    cluster.up(cluster=dev, say=lambda _: None)
+    try:
+        cluster.up(cluster=dev, say=lambda _: None)
+    except cluster.DevClusterError as exc:  # another shape than `dev up`'s defaults
+        raise SystemExit(f"bench: the dev service did not come back: {exc}") from exc
 
 
 def compare(
