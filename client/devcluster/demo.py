@@ -92,6 +92,7 @@ def _follow(
         "1 hot spare held"
     )
     last_event, last_printed, injected = 0, -1, not inject_failure
+    inject_at: float | None = None  # time.monotonic() of the failure, once a commit is seen
     while True:
         if time.monotonic() - started > timeout_s:
             raise DemoFailed(f"run {run_id} did not finish within {timeout_s:.0f} s")
@@ -111,20 +112,34 @@ def _follow(
             )
         if not injected and run["state"] == "RUNNING" and _all_training(run):
             committed = _committed(client, run_id)
-            if committed and step >= committed[-1]["step"] + 5:
+            if committed and inject_at is None:
+                # Half a checkpoint interval after a commit, in time, so the classic path
+                # has steps to recompute. Not by the reported step: a fast machine fills
+                # each 2 s report window with a whole interval, so reports land on the
+                # checkpoint steps themselves and the run ended before one showed more.
+                inject_at = time.monotonic() + spec["checkpoint_every"] / 2 * _step_s(run, spec)
+            if inject_at is not None and time.monotonic() >= inject_at:
                 node = run["nodes"][-1]
                 spares = ", ".join(client.get_spares()["members"]) or "none"
                 line = inject_xid_79(kern_log(node), pid=os.getpid())
                 console.print(
-                    f"[bold red]injecting a GPU failure[/bold red] on {node} at step "
+                    f"[bold red]injecting a GPU failure[/bold red] on {node} after step "
                     f"{step} (last commit at step {committed[-1]['step']}; spare "
                     f"{spares}):\n  {line}",
                     highlight=False,
                 )
                 injected = True
         if run["state"] in TERMINAL:
+            if not injected and run["state"] == "SUCCEEDED":
+                raise DemoFailed(f"run {run_id} finished before its node failure could be injected")
             return run
-        time.sleep(1.0)
+        time.sleep(0.5)
+
+
+def _step_s(run: dict[str, Any], spec: dict[str, Any]) -> float:
+    """The run's step time from its reported tokens/s (0 before its first report)."""
+    tokens_per_s = run["tokens_per_s"] or 0
+    return spec["global_batch"] * spec["seq_len"] / tokens_per_s if tokens_per_s else 0.0
 
 
 def _all_training(run: dict[str, Any]) -> bool:
