@@ -142,7 +142,12 @@ def test_killed_rank_restarts_from_the_last_commit_without_draining(
     from client.devcluster.faults import rank_pids
 
     client = service.client()
-    run_id = client.submit_run(tiny_spec("sigkill-rank", steps=160))["id"]
+    # Commits 60 steps apart, more than a report window holds (about 2 s of steps, 33 at
+    # the tests' 60 ms pace): on a fast machine every window would otherwise end at a
+    # checkpoint step, and the run never shows a step reported past its newest commit.
+    # 600 steps (36 s at that pace) leave time for freezes that must be let go.
+    spec = tiny_spec("sigkill-rank", steps=600, checkpoint_every=60)
+    run_id = client.submit_run(spec)["id"]
     first_commit = wait_for("a committed checkpoint", lambda: committed(client, run_id))[0]
     first = client.get_run(run_id)["attempts"][0]
     pids = wait_for("the rank processes", lambda: rank_pids(service.url, first["id"]))
@@ -153,18 +158,20 @@ def test_killed_rank_restarts_from_the_last_commit_without_draining(
     # seconds of steps, so "reported past the commit" is checked with a rank frozen
     # (SIGSTOP): its peer then waits in a collective, and neither can report or commit more
     # while the test looks. Rank 0 prints each window's last step as it closes it
-    # (`step N/160 ...`): once that step is reported, nothing of attempt 1 is on its way.
+    # (`step N/600 ...`): once that step is reported, nothing of attempt 1 is on its way.
     def rank0_window_delivered() -> bool:
         log = client.run_logs(run_id, attempt=1, rank=0)["text"]
-        printed = [int(n) for n in re.findall(r"^step (\d+)/160 ", log, re.MULTILINE)]
+        printed = [int(n) for n in re.findall(r"^step (\d+)/600 ", log, re.MULTILINE)]
         return bool(printed) and max(losses(client, run_id, first["id"]), default=0) == printed[-1]
 
     def frozen_past_a_commit() -> bool:
         os.kill(pids[-1], signal.SIGSTOP)
         # Each look reads rank 0's log through its owner's program (service/identity/): on
         # a loaded machine a few seconds each. A freeze that came while a window was on
-        # its way, and is not seen delivered within the bound, is let go and tried again.
-        deadline = time.monotonic() + 30
+        # its way, and is not seen delivered within the bound, is let go and tried again;
+        # the bound stays well inside the tests' hang threshold (RUNYARD_HANG_MIN_S, 15 s),
+        # past which the service ends the frozen attempt as hung.
+        deadline = time.monotonic() + 8
         while not rank0_window_delivered():
             if time.monotonic() > deadline:
                 os.kill(pids[-1], signal.SIGCONT)
