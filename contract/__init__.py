@@ -38,10 +38,11 @@ from .layout import (
     schedule_problems,
 )
 from .model_shape import ModelShape
-from .run_config import ResumePoint, WorkerRunConfig
+from .run_config import MAX_REPORT_BACKOFF_S, ResumePoint, WorkerRunConfig
 from .stop_reasons import StopReason
 
 __all__ = [
+    "MAX_REPORT_BACKOFF_S",
     "DatasetIndex",
     "DatasetIndexError",
     "DatasetProblem",

@@ -16,6 +16,13 @@ from .model_shape import ModelShape
 Figure = Literal["loss", "grad_norm"]
 
 
+# The longest a worker waits between tries of a progress report the service did not take
+# (its waits double from the report interval up to this). The service's hang check allows
+# it after any time it could not record reports (service/recovery/hangs.py): a worker that
+# kept failing during an outage reports again within this long once the service is back.
+MAX_REPORT_BACKOFF_S = 30.0
+
+
 class ResumePoint(Frozen):
     """The newest COMMITTED checkpoint a new attempt starts from."""
 

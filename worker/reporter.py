@@ -28,12 +28,11 @@ from tenacity import (
     wait_exponential,
 )
 
-from contract import WorkerRunConfig
+from contract import MAX_REPORT_BACKOFF_S, WorkerRunConfig
 from worker.errors import DoNotRetryError
 
 MAX_BUFFERED = 100_000  # ~10 MB of metric rows: days of steps at one row per step
 MAX_BATCH = 1_000  # rows per progress POST
-MAX_BACKOFF_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
 CHECKPOINT_RETRY_S = 60.0  # then log and go on: losing a registration beats losing training
 WRITING_RETRY_S = 3.0  # a WRITING registration is best effort
@@ -331,7 +330,7 @@ class HttpReporter(Reporter):
 
     def _run(self) -> None:
         while True:
-            wait_s = min(self.interval_s * 2**self._failures, MAX_BACKOFF_S)
+            wait_s = min(self.interval_s * 2**self._failures, MAX_REPORT_BACKOFF_S)
             if self._stop.wait(wait_s):
                 return
             try:

@@ -46,7 +46,12 @@ class Reconciler:
         self.settings = settings
         self.slurm: SlurmClient = slurm or CliSlurmClient(settings)
         self.classifier = Classifier.from_file(settings.classification_file)
-        self.started_at: datetime = utcnow()
+        # Since when this process has seen everything the workers and agents sent: its
+        # start, and again each time it leads after losing the lock. Losing the lock means
+        # losing Postgres (a restart, a cut connection) or another replica leading; either
+        # way heartbeats and reports may have failed meanwhile, so silence is measured
+        # from no earlier than this (recovery/health.py, recovery/hangs.py).
+        self.watching_since: datetime = utcnow()
         self._switches: dict[str, str] = {}
         self._switches_read = 0.0
 
@@ -70,8 +75,8 @@ class Reconciler:
         steps: list[tuple[str, Callable[[], None]]] = [
             ("sync nodes", lambda: self.sync_nodes(s)),
             ("incidents", lambda: process_incidents(settings, slurm)),
-            ("node health", lambda: check_nodes(settings, s, self.started_at)),
-            ("hangs", lambda: check_hangs(settings, self.started_at)),
+            ("node health", lambda: check_nodes(settings, s, self.watching_since)),
+            ("hangs", lambda: check_hangs(settings, self.watching_since)),
             ("spares", lambda: maintain_spares(settings, s, slurm)),
             ("placement", lambda: placement.place_pending(settings, s)),
             ("preemption", lambda: preemption.preempt_for_waiting_runs(s)),
@@ -121,6 +126,9 @@ def run_forever(
                 settings.reconcile_interval_s,
             )
             reconciler = reconciler or Reconciler(settings)
+            # Blind until now (not leading, or Postgres gone): what was sent meanwhile may
+            # not have been recorded, and its senders are retrying.
+            reconciler.watching_since = utcnow()
             lead(settings, stop, reconciler, lock)
             if not stop.is_set():
                 log.warning("reconciler lost the leader lock; stopped acting, asking for it again")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from contract import MAX_REPORT_BACKOFF_S
 from service.config import Settings
 from service.db import session_scope
 from service.identity.owner import RunOwner
@@ -30,8 +31,11 @@ def hang_threshold_s(step_times: list[float], settings: Settings) -> float:
 def check_hangs(settings: Settings, watching_since: datetime) -> None:
     """Open a RESTART incident for each running attempt whose progress stopped.
 
-    `watching_since` is when this service started: a service that was down has not seen
-    progress that happened meanwhile, so silence is measured from no earlier than that.
+    `watching_since` is when this service last began to see everything (its start, or its
+    return after losing Postgres): a service that was down, or whose database was, has not
+    seen progress that happened meanwhile, and a worker whose reports failed meanwhile
+    waits up to MAX_REPORT_BACKOFF_S before its next try. So silence is measured from no
+    earlier than `watching_since` plus that wait.
     """
     now = utcnow()
     with session_scope() as session:
@@ -44,8 +48,11 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                 Attempt.first_step_at.is_not(None),
             )
         ).all()
+        # The earliest moment silence can count from: the workers' longest retry wait after
+        # this service began to see again.
+        seen_from = watching_since + timedelta(seconds=MAX_REPORT_BACKOFF_S)
         for run, attempt in rows:
-            last = max(run.last_progress_at or attempt.first_step_at or now, watching_since)
+            last = max(run.last_progress_at or attempt.first_step_at or now, seen_from)
             recent = session.scalars(
                 select(Metric.step_time_s)
                 .where(Metric.attempt_id == attempt.id)

@@ -29,7 +29,7 @@ def test_a_hung_run_gets_its_stacks_read_then_restarts_on_the_same_nodes(
         run = session.get(Run, run_id)
         assert run is not None
         run.last_progress_at = an_hour_ago
-    cluster.reconciler.started_at = an_hour_ago
+    cluster.reconciler.watching_since = an_hour_ago
     cluster.tick(2)  # the hang check opens the incident; the next tick carries it out
 
     assert cluster.slurm.calls["run_in_job"] == 1 and cluster.slurm.jobs[job].state == "CANCELLED"
@@ -122,7 +122,7 @@ def test_an_incident_that_cannot_be_carried_out_does_not_hold_up_the_next(
         run = session.get(Run, first)
         assert run is not None
         run.last_progress_at = utcnow() - timedelta(hours=1)
-    cluster.reconciler.started_at = utcnow() - timedelta(hours=1)
+    cluster.reconciler.watching_since = utcnow() - timedelta(hours=1)
     cluster.tick()  # the hang check opens the first run's incident
     with session_scope() as session:
         (hang,) = session.scalars(select(Incident).where(Incident.run_id == first))
