@@ -19,8 +19,8 @@ survivor covering a lost group's share takes twice as long, as a device would), 
 leaves the cores idle as a GPU host's are. The pace is not fitted to the target: at 1 s the
 classic path's mean recompute (30 steps, 30 s) is about twice its restart (~15 s), while at
 405B the planner's interval gives 147 s of mean recompute against a 43.8 s restart
-(sim/costs.py), 3.4 times: the bench still gives the classic path the smaller share of
-recompute that real runs have. `--pace-s 0` measures the unpaced figure. The dev service
+(sim/costs.py), 3.4 times: the bench still charges the classic path less recompute than
+real runs pay. `--pace-s 0` measures the unpaced figure. The dev service
 forwards RUNYARD_FAULT to jobs from its own environment, so the bench restarts the dev
 cluster's service and agents with the pace for its two runs (by name) and again without it
 afterwards.

@@ -258,7 +258,7 @@ def _declined(decision: GroupDecision | None) -> DeclinedSplit | None:
 def _no_groups_because(decision: GroupDecision | None) -> str | None:
     """Why `fault_tolerance: auto` planned no replica groups (None: it planned some, or G
     was pinned)."""
-    if decision is None or decision.chosen.groups > 1:
+    if decision is None or decision.pinned or decision.chosen.groups > 1:
         return None
     split, chosen = decision.best_split, decision.chosen
     if split is not None and split.reliability.goodput_fast is not None:

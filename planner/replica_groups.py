@@ -126,6 +126,7 @@ class GroupDecision:
     best_split: GroupChoice | None = None
     considered: int = 0  # layouts costed (the fastest; a pinned G: every one that fits)
     splittable: bool = False  # whether any of them has a G >= 2 the contract allows
+    pinned: bool = False  # G was given (1: the classic path asked for), not chosen
 
 
 def choose_groups(
@@ -161,4 +162,4 @@ def choose_groups(
         if pinned is None and chosen.groups == 1 and splits
         else None
     )
-    return GroupDecision(chosen, declined, len(ranked), splittable)
+    return GroupDecision(chosen, declined, len(ranked), splittable, pinned is not None)

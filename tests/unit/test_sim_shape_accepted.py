@@ -130,6 +130,10 @@ def test_auto_names_the_split_it_turned_down_and_by_how_much() -> None:
     assert f"{split.replica_groups} replica groups at dp={split.layout.dp}" in (
         result.no_groups_because
     )
-    # A plan with groups has nothing to explain.
+    # A plan with groups, or with a count asked for, has nothing to explain.
     planned = plan(MODEL_PRESETS["llama3-405b"], HARDWARE, 10_240, SEQ_LEN, GLOBAL_BATCH_TOKENS)
     assert planned.fast_replica_groups == 2 and planned.no_groups_because is None
+    classic = plan(
+        MODEL_PRESETS["llama3-70b"], HARDWARE, 1024, SEQ_LEN, 4 * 2**20, replica_groups=1
+    )
+    assert classic.no_groups_because is None and classic.declined_split is None
