@@ -26,8 +26,11 @@ cluster's service and agents with the pace for its two runs (by name) and again 
 afterwards.
 
 From the run's metric rows:
-- when each step finished: a report carries the steps of one window, the last finished
-  when the report was sent and each earlier one a mean step time before it;
+- when each step finished, approximately: rank 0 posts what it has every report interval
+  (2 s), so one post carries one window or a few; its last step is dated when the service
+  recorded the post and each earlier one its window's mean step time before it (a step
+  may be dated up to one interval late; the count waits REPORT_LAG_S past its end for
+  the posts to arrive);
 - the step reached at the Xid (S): the highest step finished before the Xid line;
 - seconds to the next productive step: from the Xid line to the first step above S that
   is not trained again later (the classic path's failed attempt trains on until its
@@ -39,7 +42,11 @@ From the run's metric rows:
   path's next productive step, the fast path's replacement's first report), less the
   steps above S it finished meanwhile, each worth the usual step time on every rank. A
   failed group's idle GPUs, a survivors' stall, a step trained twice and a survivor's
-  slower steps covering a missing share all show as steps the run did not finish.
+  slower steps covering a missing share all show as steps the run did not finish. On the
+  dev cluster an Xid is a log line and the failed attempt trains on until the service
+  ends it; a GPU that fell off the bus would hold its peers in their collectives until
+  then. So on both paths no step finished before the failed attempt ended counts (the
+  classic path redoes them anyway).
 
 Targets: the fast path recomputes at most 1 step and loses at most a third of the classic
 path's GPU-seconds.
@@ -84,6 +91,7 @@ CHECKPOINT_EVERY = 60
 # After the recovery, the run trains this long at its usual pace before the count ends: a
 # survivor's stall when the replacement joins falls inside it.
 SETTLED_S = 10.0
+REPORT_LAG_S = 4.0  # two report intervals: the posts of the steps before the count's end
 DEFAULT_PACE_S = 1.0
 RUN_NAMES = {False: "bench-compare-classic", True: "bench-compare-fast"}
 SPEC: dict[str, Any] = {
@@ -123,17 +131,26 @@ def step_finish_times(rows: list[dict[str, Any]]) -> dict[int, list[tuple[int, f
 def figures(
     rows: list[dict[str, Any]],
     xid_at: float,
+    failed_until: float,
     ranks: int,
     replacement: int | None,
     from_disk: set[int],
 ) -> dict[str, float]:
-    """The figures of one path (pure; see the module docstring). `replacement` is the fast
-    path's new attempt for the failed group (None: the classic path), `from_disk` the
-    attempts restarted from a checkpoint after the Xid. Raises ValueError until the rows
-    reach SETTLED_S past the recovery."""
+    """The figures of one path (pure; see the module docstring). `failed_until` is when
+    the service ended the attempt the Xid hit, `replacement` the fast path's new attempt
+    for the failed group (None: the classic path), `from_disk` the attempts restarted from
+    a checkpoint after the Xid. Raises ValueError until the rows can tell (the restarted
+    run caught up with the doomed attempt, REPORT_LAG_S past SETTLED_S after the recovery)."""
     done = step_finish_times(rows)
     everything = [(s, t) for steps in done.values() for s, t in steps]
-    reached = max(s for s, t in everything if t <= xid_at)
+    before = [s for s, t in everything if t <= xid_at]
+    if not before:
+        raise ValueError("no step was reported before the Xid")
+    reached = max(before)
+    if from_disk:  # the doomed attempt's steps count only once the restart redid them
+        restarted = max((s for a in from_disk for s, _ in done.get(a, [])), default=0)
+        if restarted < max(s for a, steps in done.items() if a not in from_disk for s, _ in steps):
+            raise ValueError("the restarted run has not caught up with the failed attempt")
     # A step finished after the Xid is productive unless an attempt restarted from disk
     # after the Xid trains it again (the classic path's doomed attempt trains on until its
     # scancel, and the restarted run redoes those steps); a healed replacement trains
@@ -142,7 +159,7 @@ def figures(
     productive: dict[int, float] = {}
     for a, steps in done.items():
         for s, t in steps:
-            if s > reached and t > xid_at and (a in from_disk or s not in redone):
+            if s > reached and t > failed_until and (a in from_disk or s not in redone):
                 productive[s] = min(t, productive.get(s, t))
     if not productive:
         raise ValueError("no step past the Xid's yet")
@@ -163,13 +180,15 @@ def figures(
         if recovered_at is None:
             raise ValueError("the replacement has not reported yet")
     end = recovered_at + SETTLED_S
-    if max(sent) < end:
+    if max(sent) < end + REPORT_LAG_S:
         raise ValueError("the run has not reported past the recovery yet")
     # The usual step: the median report window's mean step time before the Xid.
     windows = {
         (r["attempt_id"], t): r["step_time_s"] or 0.0 for r, t in zip(rows, sent, strict=True)
     }
     usual = sorted(step_s for (_, t), step_s in windows.items() if t <= xid_at)
+    if not usual:
+        raise ValueError("no report was sent before the Xid")
     typical = usual[len(usual) // 2]
     finished = sum(1 for t in productive.values() if t <= end)
     lost = ranks * ((end - xid_at) - finished * typical)
@@ -238,14 +257,19 @@ def one_path(
 
         def measured() -> dict[str, float] | None:
             try:  # until the run has trained SETTLED_S past the recovery
+                attempts = client.get_run(run_id)["attempts"]
+                ended = next(a["ended_at"] for a in attempts if a["id"] == victim["id"])
+                if ended is None:
+                    raise ValueError("the failed attempt has not ended yet")
                 return figures(
                     _metrics(client, run_id),
                     xid_at,
+                    failed_until=datetime.fromisoformat(ended).timestamp(),
                     ranks=layout.ranks,
                     replacement=replacement["id"] if fast else None,
                     from_disk={
                         a["id"]
-                        for a in client.get_run(run_id)["attempts"]
+                        for a in attempts
                         if a["id"] not in before and a["resume_step"] is not None
                     },
                 )
