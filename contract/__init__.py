@@ -38,11 +38,17 @@ from .layout import (
     schedule_problems,
 )
 from .model_shape import ModelShape
-from .run_config import MAX_REPORT_BACKOFF_S, ResumePoint, WorkerRunConfig
+from .run_config import (
+    MAX_REPORT_BACKOFF_S,
+    REPORT_REQUEST_TIMEOUT_S,
+    ResumePoint,
+    WorkerRunConfig,
+)
 from .stop_reasons import StopReason
 
 __all__ = [
     "MAX_REPORT_BACKOFF_S",
+    "REPORT_REQUEST_TIMEOUT_S",
     "DatasetIndex",
     "DatasetIndexError",
     "DatasetProblem",

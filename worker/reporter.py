@@ -28,12 +28,11 @@ from tenacity import (
     wait_exponential,
 )
 
-from contract import MAX_REPORT_BACKOFF_S, WorkerRunConfig
+from contract import MAX_REPORT_BACKOFF_S, REPORT_REQUEST_TIMEOUT_S, WorkerRunConfig
 from worker.errors import DoNotRetryError
 
 MAX_BUFFERED = 100_000  # ~10 MB of metric rows: days of steps at one row per step
 MAX_BATCH = 1_000  # rows per progress POST
-REQUEST_TIMEOUT_S = 10.0
 CHECKPOINT_RETRY_S = 60.0  # then log and go on: losing a registration beats losing training
 WRITING_RETRY_S = 3.0  # a WRITING registration is best effort
 FIRST_RETRY_WAIT_S = 0.5  # doubling up to 10 s between tries
@@ -69,7 +68,7 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
     try:
         for attempt in retrying:
             with attempt:
-                response = httpx.get(url, headers=_auth_headers(), timeout=REQUEST_TIMEOUT_S)
+                response = httpx.get(url, headers=_auth_headers(), timeout=REPORT_REQUEST_TIMEOUT_S)
                 response.raise_for_status()
     except httpx.HTTPStatusError as exc:
         if _is_retryable(exc):
@@ -268,7 +267,7 @@ class HttpReporter(Reporter):
         self._client = httpx.Client(
             base_url=f"{service_url.rstrip('/')}/v1/worker/attempts/{attempt_id}",
             headers=_auth_headers(),
-            timeout=REQUEST_TIMEOUT_S,
+            timeout=REPORT_REQUEST_TIMEOUT_S,
         )
         self._buffer: deque[tuple[int, dict[str, Any]]] = deque()  # (sequence number, row)
         self._held_out: list[dict[str, Any]] = []  # held-out losses, sent with the next rows

@@ -259,10 +259,8 @@ def print_plan(result: dict[str, Any]) -> None:
     lost = result.get("lost_s_per_interruption") or {}
     if result.get("goodput_fast") is None:
         # No fast-path figure for a run the service would not split into replica groups.
-        why = result.get("no_groups_because") or (
-            "they must divide data parallel and the nodes, fit in memory, and pay for "
-            "their cost in throughput"
-        )
+        # The planner says why when it chose; otherwise one group was asked for.
+        why = result.get("no_groups_because") or "a count of 1 was asked for"
         console.print(
             f"recovery: classic path only (restart from disk): no replica groups: {why}",
             highlight=False,

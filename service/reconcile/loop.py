@@ -50,7 +50,9 @@ class Reconciler:
         # start, and again each time it leads after losing the lock. Losing the lock means
         # losing Postgres (a restart, a cut connection) or another replica leading; either
         # way heartbeats and reports may have failed meanwhile, so silence is measured
-        # from no earlier than this (recovery/health.py, recovery/hangs.py).
+        # from no earlier than this (recovery/health.py, recovery/hangs.py). A connection
+        # that keeps dropping postpones those verdicts: the safe side, where counting the
+        # outage as silence would drain healthy nodes and restart training runs.
         self.watching_since: datetime = utcnow()
         self._switches: dict[str, str] = {}
         self._switches_read = 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from contract import MAX_REPORT_BACKOFF_S
+from contract import MAX_REPORT_BACKOFF_S, REPORT_REQUEST_TIMEOUT_S
 from service.config import Settings
 from service.db import session_scope
 from service.identity.owner import RunOwner
@@ -33,9 +33,9 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
 
     `watching_since` is when this service last began to see everything (its start, or its
     return after losing Postgres): a service that was down, or whose database was, has not
-    seen progress that happened meanwhile, and a worker whose reports failed meanwhile
-    waits up to MAX_REPORT_BACKOFF_S before its next try. So silence is measured from no
-    earlier than `watching_since` plus that wait.
+    seen progress that happened meanwhile, and a worker whose reports failed meanwhile may
+    deliver only after its longest retry wait and one request's timeout. So silence counts
+    from no earlier than `watching_since` plus those.
     """
     now = utcnow()
     with session_scope() as session:
@@ -50,9 +50,12 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
         ).all()
         # The earliest moment silence can count from: the workers' longest retry wait after
         # this service began to see again.
-        seen_from = watching_since + timedelta(seconds=MAX_REPORT_BACKOFF_S)
+        seen_from = watching_since + timedelta(
+            seconds=MAX_REPORT_BACKOFF_S + REPORT_REQUEST_TIMEOUT_S
+        )
         for run, attempt in rows:
-            last = max(run.last_progress_at or attempt.first_step_at or now, seen_from)
+            progressed = max(run.last_progress_at or attempt.first_step_at or now, watching_since)
+            last = max(progressed, seen_from)
             recent = session.scalars(
                 select(Metric.step_time_s)
                 .where(Metric.attempt_id == attempt.id)
@@ -68,8 +71,8 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                     action=RecoveryAction.RESTART,
                     run_id=run.id,
                     attempt_id=attempt.id,
-                    signal_at=last,
-                    message=f"run {run.id}: no step for {(now - last).total_seconds():.0f} s "
+                    signal_at=progressed,  # the last step seen, not the allowance
+                    message=f"run {run.id}: no step for {(now - progressed).total_seconds():.0f} s "
                     f"(threshold {threshold:.0f} s) at step {run.last_step}",
                 )
 

@@ -60,8 +60,9 @@ def check_nodes(settings: Settings, snapshot: ClusterSnapshot, watching_since: d
 
     An idle node that dies is only recorded: Slurm already keeps jobs off a DOWN node, and
     draining it would fight whoever else runs on this cluster. Silence is measured from no
-    earlier than `watching_since` (this service's start): a service that was down missed
-    heartbeats that were sent.
+    earlier than `watching_since` (this service's start, or its return after losing
+    Postgres: service/reconcile/loop.py): a service that was down, or whose database was,
+    missed heartbeats that were sent.
 
     Every watched node is read without a lock, and only the few that need an action are
     locked (and judged again on the locked row): heartbeats update these rows hundreds of

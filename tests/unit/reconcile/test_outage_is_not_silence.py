@@ -105,3 +105,46 @@ def test_a_worker_gets_its_longest_retry_wait_to_report_after_the_return(
     with session_scope() as session:
         signals = {i.signal for i in session.scalars(select(Incident))}
     assert "hang:no_progress" not in signals
+
+
+class FlakyLock(LeaderLock):
+    """Granted, lost after one tick (a cut connection), then granted again."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop, self.grants, self.checks = stop, 0, 0
+
+    def try_acquire(self) -> bool:
+        self.grants += 1
+        self.checks = 0
+        return True
+
+    def held(self) -> bool:
+        self.checks += 1
+        # Checked once before the tick and once before each of its steps: lost after the
+        # first grant's tick, kept through the second's.
+        return not self.stop.is_set() and (self.grants > 1 or self.checks <= 20)
+
+    def release(self) -> None:
+        pass
+
+
+def test_each_time_it_leads_again_the_service_watches_afresh(
+    cluster: Cluster, settings: Settings
+) -> None:
+    stop, tick, seen = threading.Event(), cluster.reconciler.tick, []
+
+    def recording_tick(still_leader: Callable[[], bool] | None = None) -> None:
+        seen.append(cluster.reconciler.watching_since)
+        tick(still_leader)
+        if len(seen) == 2:
+            stop.set()
+
+    cluster.reconciler.tick = recording_tick  # type: ignore[method-assign]
+    lock = FlakyLock(stop)
+    fast = settings.model_copy(update={"reconcile_interval_s": 0.01})
+    try:
+        run_forever(fast, stop, cluster.reconciler, lock)
+    finally:
+        cluster.reconciler.tick = tick  # type: ignore[method-assign]
+    assert lock.grants == 2 and len(seen) == 2
+    assert seen[1] > seen[0], "leading again after a lost lock must restart the watch"
