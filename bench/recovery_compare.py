@@ -305,11 +305,14 @@ def paced_steps(dev: DevCluster, pace_s: float) -> Iterator[None]:
 
 
 def _restart_control_plane(dev: DevCluster) -> None:
-    if not cluster.stop_control_plane(dev):
+    """Stop the dev service and agents if they run, and start them with this environment."""
+    if any(n.startswith(("service:", "proxy")) for n in dev.table.load()):
+        # service replicas behind a proxy: `up` would leave them as they are, unpaced
         raise SystemExit(
-            "bench: --pace-s needs the dev cluster's own service running, one replica "
-            "(`runyard dev up`); --pace-s 0 runs unpaced on any"
+            "bench: --pace-s needs a dev cluster with one service replica; --pace-s 0 "
+            "runs unpaced on any"
         )
+    cluster.stop_control_plane(dev)
     try:
         cluster.up(cluster=dev, say=lambda _: None)
     except cluster.DevClusterError as exc:  # another shape than `dev up`'s defaults
