@@ -4,7 +4,9 @@ the service running as its own process (so tests can stop and restart it)."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +32,29 @@ os.environ["RUNYARD_DATABASE_URL"] = TEST_DATABASE_URL
 os.environ["RUNYARD_RUN_RECONCILER"] = "false"
 
 T = TypeVar("T")
+
+
+# Ports for the tests' own listeners come from below Linux's default ephemeral range
+# (32768-60999, /proc/sys/net/ipv4/ip_local_port_range). A port the kernel hands out for
+# "any free port" is an ephemeral one, and between the test's pick and its server's bind
+# any outgoing connection on the machine (an agent's heartbeat, a worker's report) may take
+# it: the tp 2 layouts test failed once with EADDRINUSE so. Below the range only another
+# explicit bind can.
+LISTEN_PORTS = (20_000, 32_000)
+
+
+def free_port() -> int:
+    """A port below the ephemeral range that nothing listens on now."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(*LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 def wait_for(

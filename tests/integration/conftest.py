@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,14 +20,7 @@ from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster
 from client.devcluster.identity import SERVICE_USER, prepare_state_dir
 from planner.presets import MODEL_PRESETS
-from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, free_port, wait_for
 
 SERVICE_PORT = free_port()
 # Every step of the tests' runs takes at least this long (worker/faults.py, pace_step). The

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# Re-exported: the worker tests take it from here.
+from tests.conftest import free_port as free_port
 
 TINY_MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 256}
 
@@ -41,12 +43,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RUNYARD_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", *launcher))}
     return env | {"OMP_NUM_THREADS": "1"} | extra  # ranks share two cores
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
