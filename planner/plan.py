@@ -255,14 +255,16 @@ def _declined(decision: GroupDecision | None) -> DeclinedSplit | None:
     )
 
 
-def _no_groups_because(decision: GroupDecision | None) -> str | None:
+def _no_groups_because(
+    decision: GroupDecision | None, declined: DeclinedSplit | None
+) -> str | None:
     """Why `fault_tolerance: auto` planned no replica groups (None: it planned some, or G
-    was pinned)."""
+    was pinned); `declined` is the best split it turned down (`_declined`)."""
     if decision is None or decision.pinned or decision.chosen.groups > 1:
         return None
-    split, chosen = decision.best_split, decision.chosen
-    if split is not None and split.reliability.goodput_fast is not None:
-        ratio = split.throughput_per_s / chosen.throughput_per_s
+    chosen = decision.chosen
+    if declined is not None:
+        ratio, lay = declined.throughput_ratio, declined.layout
         verdict = (
             f"{1 - ratio:.1%} less expected throughput (tokens/s x goodput)"
             if ratio < 1
@@ -271,28 +273,20 @@ def _no_groups_because(decision: GroupDecision | None) -> str | None:
             "clearly pay"
         )
         return (
-            f"the best split, {split.groups} replica groups at "
-            f"{_layout_words(split.candidate)}, steps {split.candidate.step.total_s:.2f} s "
+            f"the best split, {declined.replica_groups} replica groups at dp={lay.dp} "
+            f"tp={lay.tp} pp={lay.pp} cp={lay.cp}, steps {declined.step_time_s:.2f} s "
             f"against {chosen.candidate.step.total_s:.2f} s for a goodput of "
-            f"{split.reliability.goodput_fast:.1%} against {chosen.reliability.goodput:.1%}: "
-            f"{verdict}"
+            f"{declined.goodput_fast:.1%} against {chosen.reliability.goodput:.1%}: {verdict}"
         )
     if decision.splittable:
         return (
             f"none of the {decision.considered} fastest layouts still fits in memory split "
             "into replica groups (ZeRO shards only inside a group)"
         )
-    if decision.considered == 0:
-        return None
     return (
         f"none of the {decision.considered} fastest layouts splits into replica groups "
         "(a count must divide data parallel and the nodes)"
     )
-
-
-def _layout_words(candidate: Candidate) -> str:
-    layout = candidate.layout
-    return f"dp={layout.dp} tp={layout.tp} pp={layout.pp} cp={layout.cp}"
 
 
 def _planned(candidate: Candidate) -> PlannedLayout:
@@ -346,6 +340,7 @@ def _result(
             request.model, request.num_gpus, request.gpus_per_node, best.step.total_s, assumptions
         )
     )
+    declined = _declined(decision)
     mem = best.memory
     runners_up = []
     for other in outcome.ranked[1:]:
@@ -405,8 +400,8 @@ def _result(
         goodput=rel.goodput,
         goodput_fast=rel.goodput_fast,
         fast_replica_groups=rel.replica_groups,
-        declined_split=_declined(decision),
-        no_groups_because=_no_groups_because(decision),
+        declined_split=declined,
+        no_groups_because=_no_groups_because(decision, declined),
         lost_s_per_interruption={
             "classic": rel.classic_lost_s,
             **({"fast": rel.fast_lost_s} if rel.fast_lost_s is not None else {}),
