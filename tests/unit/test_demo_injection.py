@@ -69,6 +69,15 @@ class Clock:
 
 
 @pytest.fixture
+def kern_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The failing node's kernel log, with the demo on a clock of its own."""
+    monkeypatch.setattr(demo, "time", Clock())
+    log = tmp_path / "kern.log"
+    log.touch()
+    return log
+
+
+@pytest.fixture
 def spec_file(tmp_path: Path) -> Path:
     spec = tmp_path / "demo.yaml"
     spec.write_text(
@@ -79,23 +88,15 @@ def spec_file(tmp_path: Path) -> Path:
 
 
 def test_the_failure_is_injected_when_reports_land_on_checkpoint_steps(
-    tmp_path: Path, spec_file: Path, monkeypatch: pytest.MonkeyPatch
+    kern_log: Path, spec_file: Path
 ) -> None:
-    monkeypatch.setattr(demo, "time", Clock())
-    kern_log = tmp_path / "kern.log"
-    kern_log.touch()
     client = FastRun(reports=10, kern_log=kern_log)
     run = run_demo(client, Console(record=True), lambda node: kern_log, spec_file)  # type: ignore[arg-type]
     assert run["state"] == "SUCCEEDED"
     assert "Xid" in kern_log.read_text() and "79" in kern_log.read_text()
 
 
-def test_a_run_that_ends_before_its_failure_fails_the_demo(
-    tmp_path: Path, spec_file: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(demo, "time", Clock())
-    kern_log = tmp_path / "kern.log"
-    kern_log.touch()
+def test_a_run_that_ends_before_its_failure_fails_the_demo(kern_log: Path, spec_file: Path) -> None:
     client = FastRun(reports=0, kern_log=kern_log)  # done before its first commit
     with pytest.raises(DemoFailed, match="finished before its node failure"):
         run_demo(client, Console(record=True), lambda node: kern_log, spec_file)  # type: ignore[arg-type]

@@ -53,9 +53,13 @@ def lead_for_one_tick(cluster: Cluster, settings: Settings) -> None:
         cluster.reconciler.tick = tick  # type: ignore[method-assign]
 
 
-def a_minute_of_outage(cluster: Cluster, run_id: int) -> None:
-    """The last heartbeat and progress Postgres holds are a minute old: the outage ate
-    every one since. The reconciler had been leading for an hour before it."""
+def training_through_a_minute_of_outage(cluster: Cluster, name: str) -> int:
+    """A run trained to step 20, whose last heartbeat and progress Postgres holds are a
+    minute old: the outage ate every one since. The reconciler had been leading for an hour
+    before it."""
+    run_id = cluster.submit_run(name)
+    cluster.cycle()
+    cluster.train(run_id, 20)
     a_minute_ago = utcnow() - timedelta(minutes=1)
     with session_scope() as session:
         run = session.get(Run, run_id)
@@ -64,16 +68,19 @@ def a_minute_of_outage(cluster: Cluster, run_id: int) -> None:
         for node in session.scalars(select(Node).where(Node.name.in_(run.nodes))):
             node.last_heartbeat_at = a_minute_ago
     cluster.reconciler.watching_since = utcnow() - timedelta(hours=1)
+    return run_id
+
+
+def incident_signals() -> set[str]:
+    with session_scope() as session:
+        return {i.signal for i in session.scalars(select(Incident))}
 
 
 def test_after_the_database_comes_back_no_node_is_drained_and_no_run_restarted(
     cluster: Cluster, settings: Settings
 ) -> None:
-    run_id = cluster.submit_run("outage")
-    cluster.cycle()
-    cluster.train(run_id, 20)
+    run_id = training_through_a_minute_of_outage(cluster, "outage")
     nodes = cluster.run(run_id).nodes
-    a_minute_of_outage(cluster, run_id)
 
     lead_for_one_tick(cluster, settings)
 
@@ -84,8 +91,7 @@ def test_after_the_database_comes_back_no_node_is_drained_and_no_run_restarted(
     # return and still nothing came, the run is hung and its silent nodes are lost.
     cluster.reconciler.watching_since = utcnow() - timedelta(seconds=MAX_REPORT_BACKOFF_S + 60)
     cluster.tick()
-    with session_scope() as session:
-        signals = {i.signal for i in session.scalars(select(Incident))}
+    signals = incident_signals()
     assert "hang:no_progress" in signals and "heartbeat:lost" in signals
 
 
@@ -95,16 +101,11 @@ def test_a_worker_gets_its_longest_retry_wait_to_report_after_the_return(
     # A worker whose reports failed through the outage waits up to MAX_REPORT_BACKOFF_S
     # between tries: 20 s after the return it may not have tried yet, even where runs count
     # as hung after 15 s of silence (the integration tests' threshold).
-    run_id = cluster.submit_run("backing-off")
-    cluster.cycle()
-    cluster.train(run_id, 20)
-    a_minute_of_outage(cluster, run_id)
+    training_through_a_minute_of_outage(cluster, "backing-off")
     cluster.reconciler.settings = settings.model_copy(update={"hang_min_s": 15.0})
     cluster.reconciler.watching_since = utcnow() - timedelta(seconds=20)
     cluster.tick()
-    with session_scope() as session:
-        signals = {i.signal for i in session.scalars(select(Incident))}
-    assert "hang:no_progress" not in signals
+    assert "hang:no_progress" not in incident_signals()
 
 
 class FlakyLock(LeaderLock):
