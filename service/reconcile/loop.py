@@ -94,6 +94,7 @@ class Reconciler:
             ("job states", lambda: polling.poll_attempts(settings, slurm)),
             ("array nodes", lambda: sweeps.hold_array_nodes(s, slurm)),
             ("release", lambda: placement.release_ended_runs(s, slurm)),
+            ("leaked reservations", lambda: placement.sweep_reservations(settings, s, slurm)),
         ]
         for name, step in steps:
             if still_leader is not None and not still_leader():

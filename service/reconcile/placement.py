@@ -1,6 +1,7 @@
 """Placement: which free, healthy nodes a PENDING run gets (fewest leaf switches, the
 switches it already sits on first), what it does when there are none (shrink to min_nodes or
-wait), and giving an ended run's nodes back.
+wait), and giving an ended run's nodes back: retried until Slurm has deleted the run's
+reservation, and any run reservation of ours that no run holds swept away.
 
 A placed run holds its nodes through its own Slurm reservation (slurm/reservations.py) from
 here until it ends, across attempts, so a healthy node is not lost while a failed one is
@@ -8,6 +9,8 @@ replaced. Where a failed node's run gets a spare: recovery/move_to_spare.py.
 """
 
 from __future__ import annotations
+
+import logging
 
 from sqlalchemy import ColumnElement, and_, case, func, not_, select
 from sqlalchemy.orm import Session
@@ -28,10 +31,12 @@ from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.schemas import RunSpec
 from service.runs.service import plan_layout, stored_plan
-from service.slurm.client import SlurmClient
+from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.placement import choose_nodes, placed_groups, placement_cost
-from service.slurm.reservations import delete_reservation, run_reservation
+from service.slurm.reservations import delete_reservation, run_of_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
+
+log = logging.getLogger(__name__)
 
 
 def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
@@ -267,21 +272,77 @@ def shrink_or_wait(session: Session, run: Run, need: int, free: int, settings: S
         record_event(session, run, "run.waiting", f"{reason}; {free} free now")
 
 
+ENDED_STATES = [state for state in RunState if state.is_terminal]
+
+
 def release_ended_runs(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
-    """Delete the reservation of every run that ended, giving its nodes back."""
-    with session_scope() as session:
-        ended = [
-            (r.id, r.reservation)
-            for r in repository.runs_in_states(
-                session, [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED]
-            )
-            if r.reservation
-        ]
-    for run_id, name in ended:
-        assert name is not None
-        delete_reservation(slurm, name, snapshot.reservations)
+    """Delete the reservation of every run that ended, giving its nodes back.
+
+    An ended run that still records its reservation is releasing: it keeps the name until
+    slurmctld has deleted the reservation, and is tried again every tick until then. Slurm
+    refuses the delete while a job that ran in it is still ending; a run released on that
+    refusal leaked its nodes for good (issue 37), the next run waiting for nodes that were free.
+    """
+    with session_scope() as session:  # ids and names only: ended runs pile up
+        rows = session.execute(
+            select(Run.id, Run.reservation)
+            .where(Run.state.in_(ENDED_STATES), Run.reservation.is_not(None))
+            .order_by(Run.id)
+        ).all()
+    releasing = [(run_id, name) for run_id, name in rows if name]
+    for run_id, name in releasing:
+        try:
+            delete_reservation(slurm, name, snapshot.reservations)
+        except SlurmUnreachable as exc:
+            # Every other delete would wait out the same timeout: the rest wait a tick.
+            log.warning("cannot release run %s's nodes, Slurm did not answer: %s", run_id, exc)
+            return
+        except SlurmError as exc:
+            log.warning("run %s's reservation %s not deleted yet, retrying: %s", run_id, name, exc)
+            continue
         with session_scope() as session:
             run = repository.get_run(session, run_id, for_update=True)
-            if run is not None:
+            if run is not None and run.reservation == name:
                 run.reservation = None
                 record_event(session, run, "run.released", f"nodes released ({name})")
+
+
+def sweep_reservations(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
+    """Delete the run reservations of ours in the tick's snapshot that no run holds: their run
+    does not exist, or ended and no longer records them. Versions before the fix of issue 37
+    released runs whose delete Slurm had refused and left such reservations behind, holding
+    free nodes from every other job. Only `<prefix>-run<id>` names are ours to sweep, never
+    the spare pool's or another service's; an ended run that still records its reservation
+    is releasing, which release_ended_runs finishes."""
+    prefix = settings.slurm_job_prefix
+    ours = {
+        name: run_id
+        for name in snapshot.reservations
+        if (run_id := run_of_reservation(prefix, name)) is not None
+    }
+    if not ours:
+        return
+    with session_scope() as session:
+        runs = {
+            row.id: row
+            for row in session.execute(
+                select(Run.id, Run.state, Run.reservation).where(Run.id.in_(list(ours.values())))
+            )
+        }
+    leaked = {
+        name: run_id
+        for name, run_id in ours.items()
+        if (run := runs.get(run_id)) is None or run.reservation != name
+    }
+    for name, run_id in sorted(leaked.items()):
+        run = runs.get(run_id)
+        whose = f"run {run_id} ({run.state})" if run else f"run {run_id}, which does not exist"
+        try:
+            delete_reservation(slurm, name, snapshot.reservations)
+        except SlurmUnreachable as exc:
+            log.warning("cannot delete leaked reservation %s, Slurm did not answer: %s", name, exc)
+            return
+        except SlurmError as exc:
+            log.warning("leaked reservation %s of %s not deleted yet: %s", name, whose, exc)
+            continue
+        log.warning("deleted leaked reservation %s of %s", name, whose)

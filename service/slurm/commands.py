@@ -344,8 +344,28 @@ def update_reservation(name: str, nodes: Sequence[str]) -> None:
     run_slurm(["scontrol", "update", f"reservation={name}", f"nodes={','.join(sorted(nodes))}"])
 
 
+# What `scontrol delete reservation` prints when slurmctld says no (slurm_errno.c). It
+# answers ESLURM_RESERVATION_INVALID for a name it does not know (reservation.c: delete_resv,
+# "Reservation %s not found for deletion" in its own log), ESLURM_RESERVATION_BUSY while a
+# job that ran in it has not finished, which is the case just after a run's jobs ended.
+RESERVATION_GONE = "Requested reservation is invalid"
+RESERVATION_BUSY = "Requested reservation is in use"
+
+
+def reservation_gone(message: str) -> bool:
+    """Whether a refused delete says the reservation does not exist: deleted already (an
+    earlier try whose answer was lost, an operator), which is all the delete wanted."""
+    return RESERVATION_GONE in message
+
+
 def delete_reservation(name: str) -> None:
-    run_slurm(["scontrol", "delete", f"reservation={name}"], check=False)
+    """Delete reservation `name`; one that does not exist counts as deleted. Raises
+    SlurmError when slurmctld refuses (RESERVATION_BUSY) or does not answer: until it
+    is gone its nodes are not free, and the caller must ask again rather than say so."""
+    argv = ["scontrol", "delete", f"reservation={name}"]
+    out = _run(argv)
+    if out.returncode != 0 and not reservation_gone(out.stderr):
+        raise _failed(argv, out)
 
 
 def srun_in_job(job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:

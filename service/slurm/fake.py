@@ -11,7 +11,9 @@ nodes are scheduled in name order, and nothing happens unless a caller asks for 
 - job arrays with `%max_parallel`; jobs remembered after they end until `forget`;
 - the strings Slurm prints (`IDLE+DRAIN`, `DOWN*`, `gpu[001-004]`, exit codes).
 `calls` counts every SlurmClient call, so a test can bound Slurm traffic per tick;
-`break_call` makes one kind of call fail as a Slurm outage would.
+`break_call` makes one kind of call fail as a Slurm outage would, and
+`refuse_reservation_delete` makes slurmctld refuse a reservation's delete as it does while
+a job that ran in it is still ending.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from service.identity.owner import RunOwner
 from service.slurm.commands import (
     DRAIN_PREFIX,
+    RESERVATION_BUSY,
     JobStatus,
     SlurmError,
     SlurmNode,
@@ -104,6 +107,8 @@ class FakeSlurm:
     stacks: dict[str, str] = field(default_factory=dict)  # job id -> what run_in_job prints
     calls: Counter[str] = field(default_factory=Counter)
     broken: dict[str, str] = field(default_factory=dict)  # call -> the error it raises
+    # reservation -> how many more of its deletes slurmctld refuses (RESERVATION_BUSY)
+    delete_refusals: Counter[str] = field(default_factory=Counter)
     # sbatch queues its job, then times out before its answer comes back
     submit_answer_lost: bool = False
     next_id: int = 1000
@@ -133,6 +138,11 @@ class FakeSlurm:
         self.broken.pop(call, None)
         if call == "submit":
             self.submit_answer_lost = False
+
+    def refuse_reservation_delete(self, name: str, times: int = 1) -> None:
+        """The next `times` deletes of reservation `name` are refused as slurmctld refuses
+        them while a job that ran in it is still ending; later ones succeed."""
+        self.delete_refusals[name] = times
 
     def lose_submit_answer(self) -> None:
         """From now on `submit` queues its job and then raises SlurmUnreachable, as sbatch
@@ -294,7 +304,10 @@ class FakeSlurm:
 
     def delete_reservation(self, name: str) -> None:
         self._call("delete_reservation")
-        self.reservation_nodes.pop(name, None)
+        if name in self.reservation_nodes and self.delete_refusals[name] > 0:
+            self.delete_refusals[name] -= 1
+            raise SlurmError(f"delete_reservation reservation={name}: {RESERVATION_BUSY}")
+        self.reservation_nodes.pop(name, None)  # one already gone counts as deleted
 
     def _check_request(self, nodelist: list[str], num_nodes: int, reservation: str | None) -> None:
         """What sbatch refuses outright."""

@@ -10,6 +10,7 @@ Two kinds, both owned by runyard and named with the service's job prefix:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from service.slurm.client import SlurmClient
@@ -21,6 +22,16 @@ def spare_reservation(prefix: str) -> str:
 
 def run_reservation(prefix: str, run_id: int) -> str:
     return f"{prefix}-run{run_id}"
+
+
+def run_of_reservation(prefix: str, name: str) -> int | None:
+    """The run whose reservation `name` is, or None for one that is not a run's of ours (the
+    spare pool's, another service's, an operator's): the inverse of run_reservation."""
+    found = re.fullmatch(rf"{re.escape(prefix)}-run([0-9]+)", name)
+    if found is None:
+        return None
+    run_id = int(found[1])
+    return run_id if run_reservation(prefix, run_id) == name else None  # not `-run07`
 
 
 def ensure_reservation(
@@ -50,6 +61,7 @@ def ensure_reservation(
 
 
 def delete_reservation(slurm: SlurmClient, name: str, current: dict[str, list[str]]) -> None:
-    """Delete it whether or not the snapshot knew of it (it may be newer than the snapshot)."""
+    """Delete it whether or not the snapshot knew of it (it may be newer than the snapshot).
+    A refusal (SlurmError) propagates and leaves it in `current`: it is still there."""
     slurm.delete_reservation(name)
     current.pop(name, None)
