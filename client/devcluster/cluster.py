@@ -1,7 +1,8 @@
 """`runyard dev up|down|status`: a real multi-node Slurm cluster plus the service, on one box.
 
-Everything started here is recorded by PID in `<state>/processes.json`; `down` stops exactly
-those processes and nothing else (a munged that was already running is left alone).
+Everything started here is recorded by PID in `<state>/processes.json`, the daemon's own
+PID (never a wrapper's: client/devcluster/processes.py, spawn); `down` stops exactly those
+processes and nothing else (a munged that was already running is left alone).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from client.devcluster import accounting, identity, postgres
+from client.devcluster import accounting, identity, port_claim, postgres
+from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
+from client.devcluster.port_claim import SERVICE_APP
 from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
 from client.devcluster.render import (
     CONTROLLER_PORT,
@@ -49,10 +52,6 @@ AGENTS_MAX_CORES_SHARE = 0.5
 # A cluster on a Slurm prefix listens this far above the packaged one (slurmctld 17817,
 # slurmd 18001..., slurmdbd 17819, MariaDB 17306, the service 9000).
 PREFIX_PORT_OFFSET = 1000
-
-
-class DevClusterError(RuntimeError):
-    """The dev cluster could not be brought up; the message says what to do."""
 
 
 def prefix_database_url(slurm_prefix: Path) -> str:
@@ -356,30 +355,12 @@ def up(
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("slurmctld")) or not is_alive(p):
         say("starting slurmctld")
-        table["slurmctld"] = spawn(
-            "slurmctld",
-            ["slurmctld", "-D", "-f", conf],
-            log_dir / "slurmctld.out",
-            env=cluster.slurm_env(),
-        )
-        cluster.table.save(table)
-        _wait(
-            "slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30
-        )
+        _start_slurmctld(cluster, table)
     elif changed and _accounting_changed(cluster, with_accounting):
         # slurmctld reads AccountingStorageType at start only; its saved state keeps the jobs.
         say("accounting changed: restarting slurmctld")
         stop(table["slurmctld"])
-        table["slurmctld"] = spawn(
-            "slurmctld",
-            ["slurmctld", "-D", "-f", conf],
-            log_dir / "slurmctld.out",
-            env=cluster.slurm_env(),
-        )
-        cluster.table.save(table)
-        _wait(
-            "slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30
-        )
+        _start_slurmctld(cluster, table)
     elif changed:
         say("configuration changed: scontrol reconfigure")
         _run(["scontrol", "reconfigure"], cluster.slurm_env())
@@ -412,6 +393,19 @@ def up(
     return cluster
 
 
+def _start_slurmctld(cluster: DevCluster, table: dict[str, Started]) -> None:
+    """slurmctld in the foreground (-D: the PID recorded is the daemon's), recorded, and
+    waited for until it answers `scontrol ping`."""
+    table["slurmctld"] = spawn(
+        "slurmctld",
+        ["slurmctld", "-D", "-f", str(cluster.slurm_conf)],
+        cluster.state_dir / "log" / "slurmctld.out",
+        env=cluster.slurm_env(),
+    )
+    cluster.table.save(table)
+    _wait("slurmctld", lambda: _run(["scontrol", "ping"], cluster.slurm_env()).returncode == 0, 30)
+
+
 def _accounting_changed(cluster: DevCluster, with_accounting: bool) -> bool:
     out = _run(["scontrol", "show", "config"], cluster.slurm_env()).stdout
     running = "accounting_storage/slurmdbd" in out
@@ -424,7 +418,7 @@ def service_argv(port: int) -> list[str]:
         sys.executable,
         "-m",
         "uvicorn",
-        "service.app:create_app",
+        SERVICE_APP,
         "--factory",
         "--host",
         "127.0.0.1",
@@ -475,14 +469,11 @@ def _start_service(
     log_dir = cluster.state_dir / "log"
     for index, port in enumerate(cluster.replica_ports):
         key = cluster.replica_key(index)
-        if (p := table.get(key)) and is_alive(p):
+        start = port_claim.claim(port, key, table, cluster.state_dir, say)
+        cluster.table.save(table)  # with the listener's PID, where it adopted one
+        if not start:
             continue
         url = f"http://127.0.0.1:{port}"
-        if _service_healthy(url):
-            raise DevClusterError(
-                f"port {port} already serves something not started by this "
-                "dev cluster; stop it or set another port with --port"
-            )
         say(f"starting the service on {url}")
         log_name = "service.out" if cluster.replicas == 1 else f"service-{index + 1}.out"
         table[key] = spawn(

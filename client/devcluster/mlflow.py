@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from client.devcluster import postgres
 from client.devcluster.paths import REPO_ROOT
+from client.devcluster.processes import cmdline_of, group_members
 
 MLFLOW_VENV = Path(os.environ.get("MLFLOW_VENV", REPO_ROOT / ".runyard" / "mlflow-venv"))
 DEFAULT_PORT = 5000
@@ -134,8 +135,9 @@ def stop_dev_server(state_dir: Path) -> bool:
         return False
     pid = int(path.read_text().strip())
     path.unlink()
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not cmdline.exists() or b"mlflow" not in cmdline.read_bytes():
+    # Its group, not `pid` alone: `mlflow server` supervises the uvicorn that serves, and
+    # a killed supervisor leaves that serving in its group (issue 37).
+    if not any("mlflow" in " ".join(cmdline_of(member)) for member in group_members(pid)):
         return False  # gone, or the PID was reused by something else
     os.killpg(pid, signal.SIGTERM)
     return True
