@@ -134,6 +134,18 @@ class Settings(BaseSettings):
     heartbeat_dead_s: float = Field(
         default=20.0, gt=0, description="Silence after which a node is presumed dead and drained."
     )
+    heartbeat_return_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="A node drained only because its agent fell silent returns to service by "
+        "itself once the agent has heartbeated this long with no gap over "
+        "heartbeat_suspect_s, unless something else holds it out (an Xid, NVML or other "
+        "agent-reported fault, another incident, an admin drain, a Slurm drain that is not "
+        "runyard's); 0: never, such a node waits for `runyard node resume`. 600 s (30x "
+        "heartbeat_dead_s): an agent restart costs the node ten minutes rather than an "
+        "on-call's visit, while an agent that keeps dying (a crash loop, a host short of "
+        "memory, a flapping link) is not put back under a run every few minutes.",
+    )
     hang_factor: float = Field(
         default=20.0, gt=1, description="A run is hung after this many median step times..."
     )

@@ -36,6 +36,10 @@ class Node(Timestamped, Base):
     switch: Mapped[str | None] = mapped_column(String(64))
     num_gpus: Mapped[int] = mapped_column(Integer, default=0)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The first heartbeat of the agent's current unbroken run of them (no gap longer than
+    # heartbeat_suspect_s), kept by the heartbeat's own UPDATE (nodes/repository.py): how
+    # long an agent that came back has been healthy, for service/recovery/heartbeat_return.py.
+    heartbeats_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     num_app_errors: Mapped[int] = mapped_column(
         Integer, default=0, server_default="0"
     )  # Xid 13/31/43 seen

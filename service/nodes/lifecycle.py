@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Node, NodeEvent, NodeState
 from service.observability.metrics import count_node_transition
+from service.slurm.commands import DRAIN_PREFIX
 
 S = NodeState
 NODE_TRANSITIONS: dict[NodeState, set[NodeState]] = {
@@ -20,8 +21,21 @@ NODE_TRANSITIONS: dict[NodeState, set[NodeState]] = {
 }
 
 
+# The node event an admin's drain leaves, whether or not the node was out already: it holds
+# the node out until an admin resumes it (a drain for lost heartbeats alone would otherwise
+# return by itself: service/recovery/heartbeat_return.py).
+ADMIN_DRAIN_EVENT = "admin.drain"
+
+
 class IllegalNodeTransition(RuntimeError):
     pass
+
+
+def drained_by_runyard(slurm_reason: str) -> bool:
+    """Whether runyard may resume a node Slurm holds with this reason: only what runyard
+    drained (its reasons carry DRAIN_PREFIX), or one without a reason. A drain by the site's
+    health check or by hand is someone else's to lift."""
+    return not slurm_reason or slurm_reason.startswith(DRAIN_PREFIX)
 
 
 def node_event(

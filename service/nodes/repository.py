@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -14,8 +14,10 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    case,
     column,
     func,
+    or_,
     select,
     update,
 )
@@ -65,17 +67,36 @@ def get_node(session: Session, name: str, *, for_update: bool = False) -> Node |
 _nodes = cast(Table, Node.__table__)
 _node_events = cast(Table, NodeEvent.__table__)
 
+_now = bindparam("now", type_=DateTime(timezone=True))
+# A beat more than the gap after the one before it starts a new streak (Node.heartbeats_since):
+# Postgres evaluates every SET expression on the row as it was, so this reads the previous
+# beat. A beat refused while Postgres was down is a gap too: the safe side, since the streak
+# decides when a drained node comes back (service/recovery/heartbeat_return.py).
+_STREAK_SINCE = case(
+    (
+        or_(
+            _nodes.c.heartbeats_since.is_(None),
+            _nodes.c.last_heartbeat_at.is_(None),
+            _nodes.c.last_heartbeat_at < bindparam("gap_before", type_=DateTime(timezone=True)),
+        ),
+        _now,
+    ),
+    else_=_nodes.c.heartbeats_since,
+)
+
 _TOUCH_HEARTBEAT = (
     update(_nodes)
     .where(_nodes.c.name == bindparam("node_name"))
-    .values(last_heartbeat_at=bindparam("now"))
+    .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
 )
 
 
-def touch_heartbeat(session: Session, name: str, now: datetime) -> bool:
-    """One UPDATE; False when there is no such node."""
-    return session.execute(_TOUCH_HEARTBEAT, {"node_name": name, "now": now}).first() is not None
+def touch_heartbeat(session: Session, name: str, now: datetime, max_gap: timedelta) -> bool:
+    """One UPDATE; False when there is no such node. A beat more than `max_gap` after the
+    previous one starts a new streak."""
+    params = {"node_name": name, "now": now, "gap_before": now - max_gap}
+    return session.execute(_TOUCH_HEARTBEAT, params).first() is not None
 
 
 # The rows are locked in name order first, the order of every other multi-row locker
@@ -90,14 +111,17 @@ _TOUCH_HEARTBEATS = (
             .with_for_update()
         )
     )
-    .values(last_heartbeat_at=bindparam("now"))
+    .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
 )
 
 
-def touch_heartbeats(session: Session, names: Sequence[str], now: datetime) -> set[str]:
-    """One UPDATE for many nodes; returns the names that exist."""
-    return set(session.scalars(_TOUCH_HEARTBEATS, {"node_names": list(names), "now": now}))
+def touch_heartbeats(
+    session: Session, names: Sequence[str], now: datetime, max_gap: timedelta
+) -> set[str]:
+    """One UPDATE for many nodes; returns the names that exist (streaks as touch_heartbeat)."""
+    params = {"node_names": list(names), "now": now, "gap_before": now - max_gap}
+    return set(session.scalars(_TOUCH_HEARTBEATS, params))
 
 
 # INSERT ... SELECT FROM jsonb_to_recordset(one JSON document) ON CONFLICT DO NOTHING: one

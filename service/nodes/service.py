@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.errors import Conflict, NotFound
 from service.models import Incident, Node, NodeEvent, NodeState, RecoveryAction
 from service.models.base import utcnow
 from service.nodes import repository
-from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.lifecycle import (
+    ADMIN_DRAIN_EVENT,
+    drained_by_runyard,
+    node_event,
+    set_node_state,
+)
 from service.nodes.schemas import EventBatch, EventBatchAck
 from service.recovery.classification import Classifier
 from service.recovery.signals import SignalIn, ingest_node_events, open_incident
-from service.slurm.commands import DRAIN_PREFIX, SlurmNode
+from service.slurm.commands import SlurmNode
 
 
 def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str, str]) -> None:
@@ -64,21 +71,35 @@ def require_node(session: Session, name: str, *, for_update: bool = False) -> No
     return node
 
 
-def touch_heartbeat(session: Session, name: str) -> bool:
+def streak_gap(settings: Settings) -> timedelta:
+    """The silence between two beats that ends an agent's streak of heartbeats
+    (Node.heartbeats_since): the one that makes a serving node SUSPECT."""
+    return timedelta(seconds=settings.heartbeat_suspect_s)
+
+
+def touch_heartbeat(session: Session, name: str, settings: Settings) -> bool:
     """One UPDATE, no ORM load; False when there is no such node."""
-    return repository.touch_heartbeat(session, name, utcnow())
+    return repository.touch_heartbeat(session, name, utcnow(), streak_gap(settings))
 
 
-def touch_heartbeats(session: Session, names: list[str]) -> dict[str, bool]:
-    """Many nodes' heartbeats in one UPDATE: for each name, whether there is such a node."""
-    found = repository.touch_heartbeats(session, names, utcnow())
+def touch_heartbeats(
+    session: Session,
+    names: list[str],
+    settings: Settings | None = None,
+    now: datetime | None = None,
+) -> dict[str, bool]:
+    """Many nodes' heartbeats in one UPDATE: for each name, whether there is such a node.
+    `settings` default to the service's (the group commit passes the names only); `now`,
+    to the clock (tests give agents' beats their times)."""
+    gap = streak_gap(settings or get_settings())
+    found = repository.touch_heartbeats(session, names, now or utcnow(), gap)
     return {name: name in found for name in names}
 
 
 def ingest_events(
     session: Session, name: str, batch: EventBatch, settings: Settings, classifier: Classifier
 ) -> EventBatchAck:
-    if not touch_heartbeat(session, name):  # an agent that reports is alive
+    if not touch_heartbeat(session, name, settings):  # an agent that reports is alive
         raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
     events = [
         SignalIn(e.idempotency_key, e.kind, e.code, e.message, e.observed_at, dict(e.data))
@@ -99,13 +120,17 @@ def recent_events(session: Session, name: str, limit: int = 100) -> list[NodeEve
 
 
 def request_drain(session: Session, name: str, reason: str) -> Incident | None:
-    """An admin drain is an incident like any other: its runs move to spares too."""
+    """An admin drain is an incident like any other: its runs move to spares too.
+
+    It is also a node event, recorded even where the node is out already or another
+    drain's incident is still open (open_incident then opens none): that event holds the
+    node out until `runyard node resume`, where a drain for lost heartbeats alone would
+    return by itself (service/recovery/heartbeat_return.py).
+    """
     node = require_node(session, name, for_update=True)
+    node_event(session, node, ADMIN_DRAIN_EVENT, f"drained by an admin: {reason}")
     if node.state in (NodeState.DRAINING, NodeState.DRAINED, NodeState.IN_REPAIR):
-        raise Conflict(
-            f"node {name} is already {node.state}; `runyard node resume {name}` "
-            "returns it to service"
-        )
+        return None  # out already, and now held out
     return open_incident(
         session,
         kind="admin",
@@ -118,7 +143,7 @@ def request_drain(session: Session, name: str, reason: str) -> Incident | None:
 
 def check_resumable(node: Node, slurm_reason: str, force: bool) -> None:
     """runyard resumes only what runyard drained, unless an admin forces it (as NHC does)."""
-    if slurm_reason and not slurm_reason.startswith(DRAIN_PREFIX) and not force:
+    if not drained_by_runyard(slurm_reason) and not force:
         raise Conflict(
             f"node {node.name} was drained by someone else ({slurm_reason!r}); "
             f"use `runyard node resume {node.name} --force` to override"

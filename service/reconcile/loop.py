@@ -27,6 +27,7 @@ from service.recovery import ended_jobs, fast_path, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
+from service.recovery.heartbeat_return import return_heartbeat_drains
 from service.recovery.incidents import process_incidents
 from service.recovery.spares import maintain_spares
 from service.slurm.cli import CliSlurmClient
@@ -78,6 +79,7 @@ class Reconciler:
             ("sync nodes", lambda: self.sync_nodes(s)),
             ("incidents", lambda: process_incidents(settings, slurm)),
             ("node health", lambda: check_nodes(settings, s, self.watching_since)),
+            ("heartbeat returns", lambda: return_heartbeat_drains(settings, s, slurm)),
             ("hangs", lambda: check_hangs(settings, self.watching_since)),
             ("spares", lambda: maintain_spares(settings, s, slurm)),
             ("placement", lambda: placement.place_pending(settings, s)),

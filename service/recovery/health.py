@@ -18,6 +18,9 @@ from service.recovery.spares import nodes_held_by_runs
 from service.slurm.snapshot import ClusterSnapshot, is_down
 
 WATCHED_STATES = (NodeState.HEALTHY, NodeState.SUSPECT, NodeState.SPARE)
+# The incident a silent node's drain opens; a drain with no other cause returns by itself
+# once the agent is back (service/recovery/heartbeat_return.py).
+HEARTBEAT_LOST = "heartbeat:lost"
 
 
 class Verdict(StrEnum):
@@ -138,7 +141,7 @@ def _act_on(
         open_incident(
             session,
             kind="heartbeat",
-            signal="heartbeat:lost",
+            signal=HEARTBEAT_LOST,
             action=RecoveryAction.DRAIN_AND_MOVE,
             node=node.name,
             signal_at=node.last_heartbeat_at,
