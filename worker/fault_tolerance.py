@@ -32,6 +32,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -48,6 +49,9 @@ from worker.shards import local_shard
 # A replacement group waits this long for a quorum (its peers may be mid-step, or the
 # lighthouse waiting on a group that just died); survivors never wait this long.
 QUORUM_TIMEOUT_S = 300.0
+# A group starting (from scratch or from disk) asks again this often for a quorum that holds
+# a strict majority of the run's groups; a few lighthouse ticks (torchft's is 100 ms).
+START_RETRY_S = 0.5
 # Gradients cross the groups in flat buckets of at most this size, one collective each:
 # PyTorch DDP's default bucket_cap_mb (25 MiB, torch.nn.parallel.DistributedDataParallel).
 BUCKET_BYTES = 25 * 2**20
@@ -55,6 +59,16 @@ BUCKET_BYTES = 25 * 2**20
 
 class NoPeerToHealFromError(RuntimeError):
     """A replacement group found no live group: it must not train alone from scratch."""
+
+
+class TooFewGroupsAtStartError(RuntimeError):
+    """Starting groups never met a quorum of a strict majority of the run's groups."""
+
+
+def majority(participants: int, groups: int) -> bool:
+    """Whether `participants` of `groups` are a strict majority: two such sets always
+    share a group, so two quorums that each hold one cannot both train the same step."""
+    return participants * 2 > groups
 
 
 def leave_on_sigterm() -> None:
@@ -142,6 +156,7 @@ class ReplicaGroupSync(CrossGroupSync):
             init_sync=False,
         )
         self._shares: list[int] = []
+        self._start_step: int | None = None  # until this group's first step is agreed
 
     def group_layout(self, layout: ParallelLayout) -> ParallelLayout:
         return group_layout(layout, self.groups)
@@ -155,11 +170,15 @@ class ReplicaGroupSync(CrossGroupSync):
         )
         if resumed_step is not None:  # the classic path: every group from the same disk step
             self._manager.load_state_dict({"step": resumed_step, "batches_committed": resumed_step})
+        # A replacement heals into whatever step its peers are at; every other group starts
+        # at this step together with the others (worker/fault_tolerance.py, next_step).
+        self._start_step = None if self.ft.heal_from_peer else (resumed_step or 0)
 
     def next_step(self, trained: int) -> int:
         # sync (groups): the quorum of live groups for this step; a group that is behind (a
         # replacement) heals here, into the state attach() named, before its forward pass.
         self._manager.start_quorum()
+        self._await_majority_to_start()
         step = self._manager.current_step() + 1
         participants = self._manager.num_participants()
         if self.ft.heal_from_peer and step == 1 and participants == 1:
@@ -171,6 +190,34 @@ class ReplicaGroupSync(CrossGroupSync):
         # Participant r trains shares r, r + P, ...: all of them, whoever is alive.
         self._shares = [v for v in range(self.groups) if v % participants == me]
         return step
+
+    def _await_majority_to_start(self) -> None:
+        """Until a strict majority of the run's groups agrees on the starting step, ask for
+        the quorum again instead of training.
+
+        Why: groups start as separate Slurm jobs, seconds apart. torchft's lighthouse forms
+        a quorum of whoever heartbeats, so the first group up trained step 1 alone (every
+        share of the batch); the others, finding it busy past the join timeout, trained
+        their own step 1 without it. Both sides then stood at step 1, so torchft saw no one
+        to heal, and the same sums added in another order left the copies a few ulps
+        apart for good: the SDC check found them differing at its first comparison
+        (bench/recovery.py --compare, 4 groups of dp). Two strict majorities share a group,
+        so only one timeline can start. A group that heals meanwhile (a majority started
+        without it) has joined that timeline and goes on at once."""
+        if self._start_step is None:
+            return
+        deadline = time.monotonic() + QUORUM_TIMEOUT_S
+        while self._manager.current_step() == self._start_step and not majority(
+            self._manager.num_participants(), self.groups
+        ):
+            if time.monotonic() > deadline:
+                raise TooFewGroupsAtStartError(
+                    f"only {self._manager.num_participants()} of {self.groups} replica groups "
+                    f"met to start at step {self._start_step} in {QUORUM_TIMEOUT_S:.0f} s"
+                )
+            time.sleep(START_RETRY_S)
+            self._manager.start_quorum()
+        self._start_step = None
 
     def shares(self) -> list[int]:
         return self._shares

@@ -180,10 +180,18 @@ class Reporter:
         """Data-parallel replicas' parameters matched after `step` (worker/sdc.py); sent
         with the next progress report (never blocks)."""
 
-    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
+    def sdc(
+        self,
+        step: int,
+        nodes: list[str],
+        clean_step: int | None,
+        message: str,
+        outvoted: bool = False,
+    ) -> None:
         """Replicas disagreed at `step`; `nodes` hold the odd ones out (blocks, bounded):
         the attempt ends next, the service drains them and rolls back to before
-        `clean_step`, the last comparison that passed."""
+        `clean_step`, the last comparison that passed. `outvoted`: a strict majority of
+        replica groups holds the right copy and trains on (only this group is replaced)."""
 
     def close(self, drain_timeout_s: float = 10.0) -> None:
         """Deliver what is buffered (for at most `drain_timeout_s`) and stop."""
@@ -253,8 +261,17 @@ class FileReporter(Reporter):
     def sdc_clean(self, step: int) -> None:
         self._append("sdc_clean", step=step)
 
-    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
-        self._append("sdc", step=step, nodes=nodes, clean_step=clean_step, message=message)
+    def sdc(
+        self,
+        step: int,
+        nodes: list[str],
+        clean_step: int | None,
+        message: str,
+        outvoted: bool = False,
+    ) -> None:
+        self._append(
+            "sdc", step=step, nodes=nodes, clean_step=clean_step, message=message, outvoted=outvoted
+        )
 
 
 class HttpReporter(Reporter):
@@ -315,11 +332,25 @@ class HttpReporter(Reporter):
         with self._lock:
             self._latest["sdc_clean_step"] = step
 
-    def sdc(self, step: int, nodes: list[str], clean_step: int | None, message: str) -> None:
+    def sdc(
+        self,
+        step: int,
+        nodes: list[str],
+        clean_step: int | None,
+        message: str,
+        outvoted: bool = False,
+    ) -> None:
         # Read when the job ends (service/runs/sdc.py) and drains `nodes` at once.
         self._drain(timeout_s=WRITING_RETRY_S)
         body = error_body(
-            self.rank, self.node, "worker:sdc", message, step, nodes=nodes, clean_step=clean_step
+            self.rank,
+            self.node,
+            "worker:sdc",
+            message,
+            step,
+            nodes=nodes,
+            clean_step=clean_step,
+            outvoted=outvoted,
         )
         self._post_with_retry("/errors", body)
 

@@ -10,10 +10,14 @@ together. Layouts that shard parameters over data parallel (ZeRO-1 to 3) hold no
 copies: the check is off for them (the loop says so once).
 
 Who is wrong: among three or more replicas, the checksum a strict majority holds is right
-and the others are the odd ones out. Two replicas (or an even split) cannot say which copy
-is right without a third: every replica of that set is named, and the service drains them
-all (an SDC is rare, 1.4% of Llama 3's interruptions, and keeping a corrupting GPU in the
-fleet costs more than a healthy node's trip through diagnostics).
+and the others are the odd ones out. Across replica groups (worker/fault_tolerance.py) a
+group outvoted by a strict majority of the groups stops alone: the majority holds equal,
+trusted copies, trains on, and the outvoted group's replacement heals from one of them (the
+fast path). Only a comparison without a majority stops every group for a rollback.
+Two replicas (or an even split) cannot say which copy is right without a third: every
+replica of that set is named, and the service drains them all (an SDC is rare, 1.4% of
+Llama 3's interruptions, and keeping a corrupting GPU in the fleet costs more than a
+healthy node's trip through diagnostics).
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ class Mismatch:
     ranks: list[int]  # the odd ones out (every replica of a set without a majority)
     ambiguous: bool  # no strict majority in some set: all its replicas are named
 
+    @property
+    def outvoted(self) -> bool:
+        """A strict majority holds the right copy: only the odd ones out need replacing."""
+        return bool(self.ranks) and not self.ambiguous
+
     def describe(self, nodes: list[str]) -> str:
         named = ", ".join(f"rank {r} on {nodes[r]}" for r in self.ranks)
         how = "no majority: every replica named" if self.ambiguous else "outvoted"
-        if not self.ranks:  # replica groups: another group's copy is the odd one
-            named, how = "none of this replica group's ranks", "another group is odd"
         return (
             f"parameter checksums of data-parallel replicas differ at step {self.step}: "
             f"{named} ({how})"
@@ -108,11 +115,13 @@ def compare_replicas(
 
     `within_group`: compare data-parallel peers of this process group (replicas_are_equal).
     `across_groups` (replica groups, worker/cross_group.py) gives every group's checksum at
-    this rank's mesh coordinate: a group outvoted there, or in a pair without a majority,
-    names its rank. Any mismatch anywhere stops every rank of every group."""
+    this rank's mesh coordinate: a group outvoted there, or in a set without a majority,
+    names its rank. A mismatch inside this group stops it, and so does one across groups
+    without a majority (every group stops: none is trusted); a group in the majority that
+    outvoted another returns None and trains on (the outvoted group stops by itself)."""
     checksum = param_checksum(parameters)
     # 0: agrees with the other groups (or none to ask); 1: outvoted; 2: no majority;
-    # 3: another group is odd here (this rank is right, but the run must stop too).
+    # 3: another group was outvoted here (this rank is in the majority: it trains on).
     verdict = 0
     seen = across_groups(checksum) if across_groups is not None else None
     if seen is not None:
@@ -131,6 +140,6 @@ def compare_replicas(
     verdicts = [int(v[2]) for v in values]
     ranks = sorted(set(ranks) | {r for r, v in enumerate(verdicts) if v in (1, 2)})
     ambiguous = ambiguous or 2 in verdicts
-    if ranks or 3 in verdicts:
+    if ranks:
         return Mismatch(step, ranks, ambiguous)
     return None

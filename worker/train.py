@@ -436,7 +436,7 @@ def _stop_for_sdc(
     if is_rank0:
         print(f"sdc: {text}: stopping", flush=True)
         odd_nodes = sorted({nodes[r] for r in mismatch.ranks})
-        reporter.sdc(mismatch.step, odd_nodes, last_clean_step, text)
+        reporter.sdc(mismatch.step, odd_nodes, last_clean_step, text, mismatch.outvoted)
     raise sdc.SilentDataCorruptionError(text)
 
 

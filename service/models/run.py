@@ -185,6 +185,10 @@ class Attempt(Timestamped, Base):
     last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Replica-group runs: the group this attempt's job trains (None: the whole run).
     replica_group: Mapped[int | None] = mapped_column(Integer)
+    # A replacement for one failed group: it heals from a live group and never trains alone
+    # from scratch. False for every group of a start or a restart from disk, which start
+    # together from the same step (the newest trusted checkpoint, or 0) with no peer ahead.
+    heals_from_peer: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     run: Mapped[Run] = relationship(back_populates="attempts", lazy="raise", foreign_keys=[run_id])
 

@@ -138,6 +138,7 @@ def new_group_attempt(
         nodes=group_nodes(run, group),
         resume_step=newest.step if newest else None,
         replica_group=group,
+        heals_from_peer=not from_disk,
     )
     session.add(attempt)
     session.flush()
@@ -272,11 +273,9 @@ def _take_spare(session: Session, run: Run, incident: Incident, bad: str) -> str
     return pick
 
 
-def _is_live_copy(session: Session, attempt: Attempt) -> bool:
+def _is_live_copy(attempt: Attempt) -> bool:
     """A group holds a live copy of the state unless it is a replacement still healing."""
-    if attempt.first_step is not None or attempt.resume_step is not None:
-        return True
-    return not repository.replaces_a_group(session, attempt)
+    return attempt.first_step is not None or not attempt.heals_from_peer
 
 
 def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str) -> list[str]:
@@ -285,14 +284,15 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
     groups = replica_groups(run)
     failed = run.nodes.index(bad) // (run.num_nodes // groups) if bad in run.nodes else None
     live = live_group_attempts(run)
-    healthy = {g for g, a in live.items() if g != failed and _is_live_copy(session, a)}
+    healthy = {g for g, a in live.items() if g != failed and _is_live_copy(a)}
     failed_groups = set(range(groups)) - healthy
     path, why = choose_recovery_path(
         replica_groups=groups,
         failed_groups=failed_groups or {failed or 0},
         min_healthy_groups=min_healthy_groups(run),
     )
-    if incident.signal == sdc.SIGNAL:  # every group stopped for the comparison's rollback
+    if incident.signal == sdc.SIGNAL and not sdc.outvoted_by_majority(session, incident):
+        # no majority: every group stopped for the comparison's rollback
         path, why = RecoveryPath.CLASSIC, ClassicBecause.ROLLBACK
     incident.run_id = incident.run_id or run.id
     incident.recovery_path, incident.classic_because = path, why
@@ -301,7 +301,10 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         attempt = live.get(failed)
         if attempt is not None:
             incident.attempt_id = attempt.id
-            set_stop_reason(attempt, StopReason.NODE_FAILURE)
+            report = sdc.report_of(session, attempt) if incident.signal == sdc.SIGNAL else None
+            if report is not None:  # outvoted: what it wrote since its last clean comparison
+                sdc.distrust_checkpoints_of(session, run, attempt, report)
+            set_stop_reason(attempt, StopReason.SDC if report else StopReason.NODE_FAILURE)
             set_attempt_state(
                 session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
             )
@@ -384,7 +387,7 @@ def judge_group_ended(
             set_run_state(session, run, RunState.RUNNING, "finished before it was seen running")
         set_run_state(session, run, RunState.SUCCEEDED, f"trained {run.total_steps} steps", attempt)
         return
-    healthy = {g for g, a in others.items() if _is_live_copy(session, a)}
+    healthy = {g for g, a in others.items() if _is_live_copy(a)}
     groups = replica_groups(run)
     assert attempt.replica_group is not None
     path, _ = choose_recovery_path(
@@ -396,10 +399,12 @@ def judge_group_ended(
     # A group that stopped for a loss spike or for replicas that disagreed: every group
     # sees the same losses and the same comparison, so every group stops, and the run
     # rolls back from disk (restart.py) as a run without groups does.
-    for_rollback = (
-        rollback.anomaly_of(session, attempt) is not None
-        or sdc.report_of(session, attempt) is not None
+    sdc_report = sdc.report_of(session, attempt)
+    for_rollback = rollback.anomaly_of(session, attempt) is not None or (
+        sdc_report is not None and not sdc_report.get("outvoted")
     )
+    if sdc_report is not None and not for_rollback:
+        sdc.distrust_checkpoints_of(session, run, attempt, sdc_report)
     if path == RecoveryPath.FAST and software_restarts < run.max_restarts and not for_rollback:
         set_stop_reason(attempt, StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)

@@ -18,7 +18,11 @@ clean step, and every rank exits. Then:
   corruption may be in it), so the next attempt resumes from the newest one at or before
   that comparison, a state the replicas were seen to agree on. No data is skipped: the
   data was not at fault. The rollback is on the timeline (`run.rolled_back`), in
-  `run show`'s rollbacks (kind `sdc`) and in goodput ("rolled back").
+  `run show`'s rollbacks (kind `sdc`) and in goodput ("rolled back");
+- a replica group outvoted by a strict majority of the groups (the report's `outvoted`)
+  stops alone: the majority trains on, the group's node is drained and its replacement
+  heals from a live group (recovery/fast_path.py); only the checkpoints the outvoted group
+  wrote after its last clean comparison are distrusted.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.models import Attempt, CheckpointState, RecoveryAction, Run
+from service.models import Attempt, CheckpointState, Incident, RecoveryAction, Run
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
 from service.runs import repository
@@ -79,19 +83,48 @@ def report_of(session: Session, attempt: Attempt) -> dict[str, Any] | None:
     return reports[0] if reports else None
 
 
-def decide(
-    session: Session, run: Run, attempt: Attempt, report: dict[str, Any], reason: str
-) -> tuple[StopReason, str]:
-    """StopReason.SDC: checkpoints after the last clean comparison distrusted (CORRUPT), the
-    rollback recorded; the next attempt resumes from the newest one left."""
+def outvoted_by_majority(session: Session, incident: Incident) -> bool:
+    """Whether the `worker:sdc` report behind `incident` came from a replica group that a
+    strict majority of the groups outvoted: the majority holds equal copies and trains on,
+    and only the outvoted group is replaced, healing from one of them (recovery/
+    fast_path.py). Without a majority every group stopped, and the run rolls back."""
+    attempt = session.get(Attempt, incident.attempt_id) if incident.attempt_id else None
+    report = report_of(session, attempt) if attempt is not None else None
+    return bool(report and report.get("outvoted"))
+
+
+def distrust_checkpoints_of(
+    session: Session, run: Run, attempt: Attempt, report: dict[str, Any]
+) -> list[int]:
+    """An outvoted replica group left while the others train on: the checkpoints it wrote
+    after its last clean comparison may hold the corruption (CORRUPT); those the majority
+    wrote stand. Returns the steps distrusted."""
+    return _distrust(session, run, attempt, report, _clean_step(run, report), attempt.id)
+
+
+def _clean_step(run: Run, report: dict[str, Any]) -> int | None:
     known = [
         s for s in (report.get("clean_step"), run.config.get("sdc_clean_step")) if s is not None
     ]
-    clean = max(known) if known else None
+    return max(known) if known else None
+
+
+def _distrust(
+    session: Session,
+    run: Run,
+    attempt: Attempt,
+    report: dict[str, Any],
+    clean: int | None,
+    written_by: int | None = None,
+) -> list[int]:
+    """Mark CORRUPT the committed (or writing) checkpoints after `clean` (all of them when
+    None), only those `written_by` that attempt if given."""
     distrusted = []
     for checkpoint in repository.checkpoints(session, run.id):
         later = clean is None or checkpoint.step > clean
-        if later and checkpoint.state in (CheckpointState.COMMITTED, CheckpointState.WRITING):
+        mine = written_by is None or checkpoint.attempt_id == written_by
+        live = checkpoint.state in (CheckpointState.COMMITTED, CheckpointState.WRITING)
+        if later and mine and live:
             checkpoint.state = CheckpointState.CORRUPT
             checkpoint.corrupt_reason = (
                 f"written after the last clean SDC comparison (step {clean}): may hold the "
@@ -102,6 +135,16 @@ def decide(
             checkpoint.corrupt_at, checkpoint.corrupt_attempt_id = utcnow(), attempt.id
             distrusted.append(checkpoint.step)
     session.flush()
+    return distrusted
+
+
+def decide(
+    session: Session, run: Run, attempt: Attempt, report: dict[str, Any], reason: str
+) -> tuple[StopReason, str]:
+    """StopReason.SDC: checkpoints after the last clean comparison distrusted (CORRUPT), the
+    rollback recorded; the next attempt resumes from the newest one left."""
+    clean = _clean_step(run, report)
+    distrusted = _distrust(session, run, attempt, report, clean)
     newest = repository.newest_committed_checkpoint(session, run.id)
     resume = newest.step if newest is not None else 0
     nodes = [n for n in report.get("nodes") or [] if n in run.nodes]

@@ -421,12 +421,12 @@ def worker_config(
             min_healthy_groups=planned["min_healthy_groups"],
             lighthouse_addr=run.lighthouse_addr or "",
             timeout_s=settings.replica_timeout_s,
-            heal_from_peer=attempt.resume_step is None
-            and repository.replaces_a_group(session, attempt),
+            heal_from_peer=attempt.heals_from_peer,
         )
-        # A group that replaces a failed one heals from a live peer, not from disk: its
-        # attempt was created without a resume step (recovery/fast_path.py).
-        if attempt.resume_step is None:
+        # A group that replaces a failed one heals from a live peer, not from disk; every
+        # group of a start or a restart from disk loads the step its attempt names (none:
+        # from scratch), recovery/fast_path.py.
+        if attempt.heals_from_peer or attempt.resume_step is None:
             newest = None
     return WorkerRunConfig(
         run_id=run.id,

@@ -128,3 +128,8 @@ class ErrorReport(_In):
         ge=0,
         description="worker:sdc: the attempt's last step at which the replicas matched.",
     )
+    outvoted: bool = Field(
+        default=False,
+        description="worker:sdc: a strict majority of the run's replica groups agreed and "
+        "outvoted this group: only it is replaced (from a live peer); the others train on.",
+    )
