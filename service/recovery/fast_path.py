@@ -405,10 +405,15 @@ def judge_group_ended(
     )
     if sdc_report is not None and not for_rollback:
         sdc.distrust_checkpoints_of(session, run, attempt, sdc_report)
-    if path == RecoveryPath.FAST and software_restarts < run.max_restarts and not for_rollback:
-        set_stop_reason(attempt, StopReason.JOB_FAILED)
+    # An outvoted group's node is at fault (its SDC incident drains it): a hardware
+    # restart, as the incident's own path counts it, not one of the run's max_restarts.
+    outvoted = sdc_report is not None
+    budget_left = software_restarts < run.max_restarts or outvoted
+    if path == RecoveryPath.FAST and budget_left and not for_rollback:
+        set_stop_reason(attempt, StopReason.SDC if outvoted else StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
         run.num_restarts += 1
+        run.num_hardware_restarts += 1 if outvoted else 0
         from service.config import get_settings
 
         new_group_attempt(session, run, get_settings(), attempt.replica_group, from_disk=False)

@@ -8,14 +8,14 @@ import os
 
 import pytest
 
-from contract import StopReason
+from contract import StopReason, WorkerRunConfig
 from service.db import session_scope
-from service.models import Attempt, AttemptState, IncidentState, RunState
+from service.models import Attempt, AttemptState, IncidentState, Run, RunState
 from service.reconcile.loop import Reconciler
 from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
-from service.runs.service import run_goodput
+from service.runs.service import run_goodput, worker_config
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 from tests.unit.reconcile.conftest import Cluster
@@ -247,3 +247,58 @@ def test_a_group_that_stopped_for_a_loss_spike_rolls_every_group_back_from_disk(
     assert sorted(live) == [0, 1]
     assert all(a.resume_step == 20 for a in live.values())  # both from disk, before the spike
     assert cluster.run(run_id).config["data_skips"]  # the spike's data is skipped
+
+
+def worker_configs(cluster: Cluster, run_id: int) -> dict[int, WorkerRunConfig]:
+    """What each live group's ranks would be told to train (GET .../config)."""
+    with session_scope() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        live = [a for a in run.attempts if not a.state.is_terminal and a.replica_group is not None]
+        return {
+            a.replica_group: worker_config(session, run, a, cluster.settings)
+            for a in live
+            if a.replica_group is not None
+        }
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["from-checkpoint", "from-scratch"])
+def test_every_group_restarting_from_disk_at_once_starts_without_a_peer(
+    cluster: Cluster, checkpoint: bool
+) -> None:
+    """A rollback restarts every group together: with no checkpoint yet each new attempt
+    starts from step 0, and none waits for a live group to heal from (there is none: the
+    run failed with NoPeerToHealFromError when the service read 'no resume step and an
+    earlier attempt of the group' as a replacement)."""
+    cluster.set_spares(1)
+    run_id = cluster.submit_run("ft-disk", fault_tolerance={"replica_groups": 2})
+    cluster.cycle()
+    groups = live_groups(cluster, run_id)
+    for g, attempt in groups.items():
+        report(attempt.id, 20, checkpoint=checkpoint and g == 0)
+    with session_scope() as session:
+        spike = ErrorReport(rank=0, kind="worker:anomaly", step=25, message="non-finite loss")
+        workers.record_error(session, groups[1].id, spike)
+    cluster.slurm.finish(groups[1].slurm_job_id, exit_code=1)
+    cluster.tick()
+    cluster.cycle()
+
+    configs = worker_configs(cluster, run_id)
+    assert sorted(configs) == [0, 1]
+    for config in configs.values():
+        assert config.fault_tolerance is not None
+        assert config.fault_tolerance.heal_from_peer is False
+        assert config.resume_from is None or config.resume_from.step == 20
+        assert (config.resume_from is not None) == checkpoint
+    # The run trains on: both groups run, and a later node loss still takes the fast path
+    # with a replacement that heals from the survivor.
+    live = live_groups(cluster, run_id)
+    assert all(a.state == AttemptState.RUNNING for a in live.values())
+    for attempt in live.values():
+        report(attempt.id, 30)
+    cluster.xid(live[1].nodes[0])
+    cluster.tick()
+    cluster.cycle()
+    replacement = worker_configs(cluster, run_id)[1]
+    assert replacement.fault_tolerance is not None and replacement.fault_tolerance.heal_from_peer
+    assert replacement.resume_from is None
