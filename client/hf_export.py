@@ -3,7 +3,13 @@
 The export runs here, in the CLI's process, on a machine that sees the shared filesystem
 and has the worker's dependencies (torch, safetensors): it reads the committed DCP
 checkpoint directly (worker/hf/export.py), whatever layout and world size wrote it. The
-service only says where the checkpoints are and what shape the model has.
+service only says where the checkpoints are (always inside the run's own checkpoint folder:
+it refuses a worker's report of any other path) and what shape the model has.
+
+Whoever types it (the run's owner, a teammate, an admin) runs it with their own rights on
+files the run's owner wrote, so nothing here or in the export unpickles or `torch.load`s
+those files as code: the checkpoint is read as data only (worker/hf/dcp_reader.py), and
+the tokenizer and dataset files are JSON read as JSON or copied as bytes.
 """
 
 from __future__ import annotations

@@ -4,10 +4,14 @@
         --out DIR [--tokenizer TOKENIZER_DIR] [--max-shard-mb 2048]
 
 `runyard run export` runs this on a machine that sees the shared filesystem and has torch:
-it reads the checkpoint's model weights directly with DCP (no process group: one process
-reads every rank's shards, whatever layout and world size wrote them), converts them to
-Hugging Face's names and rotary layout, and writes config.json, safetensors shards (with
-an index when there are several) and the tokenizer's files.
+it reads the checkpoint's model weights directly (no process group: one process reads every
+rank's shards, whatever layout and world size wrote them), converts them to Hugging Face's
+names and rotary layout, and writes config.json, safetensors shards (with an index when
+there are several) and the tokenizer's files.
+
+The export runs as whoever types it, on files the run's owner wrote, so it reads them as
+data only (worker/hf/dcp_reader.py): never with `dcp.load`, whose `.metadata` is a plain
+pickle that could run the owner's code with the exporter's rights.
 """
 
 from __future__ import annotations
@@ -17,17 +21,15 @@ import hashlib
 import json
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from contract import ModelShape, hf_config_from_shape
 from worker.checkpoint import MARKER, is_committed
 from worker.hf.convert import hf_name, to_hf
+from worker.hf.dcp_reader import UntrustedCheckpointError, read_tensors
 from worker.model import Transformer
 
 TOKENIZER_FILES = (
@@ -45,21 +47,14 @@ class ExportError(Exception):
 
 
 def read_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The whole model's weights in a committed checkpoint, by the worker's names."""
+    """The whole model's weights in a committed checkpoint, by the worker's names, read as
+    data only: a checkpoint whose files hold code is refused, and nothing in it runs."""
     if not is_committed(checkpoint):
         raise ExportError(f"{checkpoint} has no {MARKER} marker: export a committed checkpoint")
-    metadata = dcp.FileSystemReader(str(checkpoint)).read_metadata()
-    weights = {
-        key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-        for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():
-        # no_dist: this one process plans and reads every shard itself (DCP warns that it
-        # assumes so; it is what we ask for).
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": weights}, checkpoint_id=checkpoint, no_dist=True)
-    return weights
+    try:
+        return read_tensors(checkpoint, prefix="model.")
+    except UntrustedCheckpointError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def hf_tensors(weights: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
