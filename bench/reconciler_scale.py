@@ -52,7 +52,7 @@ from service.recovery.classification import Classifier  # noqa: E402
 from service.recovery.signals import SignalIn, ingest_node_events  # noqa: E402
 from service.runs import repository  # noqa: E402
 from service.runs.schemas import RunSpec  # noqa: E402
-from service.runs.service import create_run  # noqa: E402
+from service.runs.service import checkpoint_folder, create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402
 from service.sweeps.schemas import SweepSpec  # noqa: E402
 from service.sweeps.service import create_sweep  # noqa: E402
@@ -177,15 +177,16 @@ def steady_calls(fig: dict[str, Any]) -> int:
     return int(fig["slurm_calls_total"]) - int(fig["slurm_calls"].get("topology", 0))
 
 
-def finish_task(attempt_id: int) -> None:
+def finish_task(attempt_id: int, settings: Settings) -> None:
     """What a sweep task's trainer reports at its end: the final checkpoint, the final step."""
     with session_scope() as session:
         _, run = workers.live_attempt_and_run(session, attempt_id)
         steps = run.total_steps
-    path = f"/ckpt/{attempt_id}/step-{steps}"
+        # Inside the run's own folder: the service refuses a checkpoint anywhere else.
+        path = str(checkpoint_folder(settings, run) / f"step_{steps:08d}")
     with session_scope() as session:
         report = CheckpointReport(step=steps, path=path, state="COMMITTED")
-        workers.record_checkpoint(session, attempt_id, report)
+        workers.record_checkpoint(session, attempt_id, report, settings)
     with session_scope() as session:
         workers.record_finish(session, attempt_id, FinishReport(final_step=steps))
 
@@ -293,7 +294,7 @@ def main() -> None:
     running_tasks = [j for j in slurm.jobs.values() if j.array_id and j.state == "RUNNING"]
     running_tasks = running_tasks[:TASKS_ENDING]
     for job in running_tasks:
-        finish_task(job.attempt_id)
+        finish_task(job.attempt_id, settings)
         slurm.finish(job.job_id, exit_code=0)
     ended = one_tick(reconciler, slurm)
     slurm.schedule()

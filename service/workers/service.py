@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from service.checkpoints.service import mark_corrupt
 from service.config import Settings, get_settings
-from service.errors import Conflict, NotFound
+from service.errors import Conflict, InvalidSpec, NotFound
 from service.models import (
     Attempt,
     AttemptState,
@@ -27,6 +29,7 @@ from service.recovery import slow_nodes, timeline
 from service.runs import repository, sdc
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
+from service.runs.service import checkpoint_folder
 from service.workers.schemas import (
     CheckpointReport,
     ErrorReport,
@@ -135,8 +138,34 @@ def _summarise_progress(attempt: Attempt, step: int, at: datetime) -> None:
         attempt.last_progress_at = at
 
 
-def record_checkpoint(session: Session, attempt_id: int, report: CheckpointReport) -> Checkpoint:
+def check_checkpoint_path(run: Run, path: str, settings: Settings) -> None:
+    """Refuse a reported checkpoint path outside the run's own checkpoint folder.
+
+    The path is stored and handed on: the next attempt resumes from it, and `runyard run
+    export` reads it as whoever types it. A worker (its owner's code) reporting another
+    folder could have a colleague's export read files it planted there. So the path must be
+    absolute, name no `..`, and lie strictly inside the folder once both are resolved,
+    which follows every link the service can see; links inside the owner's folder, which the
+    service usually cannot list (mode 0750), are the export's to refuse
+    (worker/hf/dcp_reader.py). Workers report resolved paths (worker/train.py), so a link
+    in the roots (/shared -> /mnt/lustre) resolves alike on both sides."""
+    folder = Path(os.path.realpath(checkpoint_folder(settings, run)))
+    reported = Path(path)
+    if not reported.is_absolute() or ".." in reported.parts:
+        raise InvalidSpec(f"path: {path!r} must be an absolute path inside {folder}")
+    resolved = Path(os.path.realpath(reported))
+    if resolved == folder or not resolved.is_relative_to(folder):
+        raise InvalidSpec(
+            f"path: {path} is not inside run {run.id}'s checkpoint folder {folder}"
+            + (f" (it resolves to {resolved})" if resolved != reported else "")
+        )
+
+
+def record_checkpoint(
+    session: Session, attempt_id: int, report: CheckpointReport, settings: Settings | None = None
+) -> Checkpoint:
     attempt, run = live_attempt_and_run(session, attempt_id)
+    check_checkpoint_path(run, report.path, settings or get_settings())
     if report.state == "CORRUPT":
         return mark_corrupt(session, run, attempt, report.step, report.path, report.detail)
     checkpoint = repository.get_checkpoint(session, run.id, report.step)

@@ -19,7 +19,7 @@ from service.models.base import utcnow
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ProgressReport, StepMetric
 from tests.conftest import REPO_ROOT
-from tests.fixtures.rows import add_attempt, add_run
+from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 
 STEPS_PER_REPORT = 5
 REPORT_EVERY_S = 10
@@ -67,7 +67,7 @@ def a_run_that_failed_once(session: Session, clock: Clock) -> Run:
     first = add_attempt(session, run, 1, AttemptState.RUNNING, started_at=clock.start)
     report_steps(session, clock, first, 1, 20, at_s=5)
     clock.at(41)
-    path = "/ckpt/step-20"
+    path = checkpoint_path(run, 20)
     workers.record_checkpoint(
         session, first.id, CheckpointReport(step=20, path=path, state="WRITING")
     )

@@ -36,6 +36,7 @@ from service.slurm.fake import FakeSlurm
 from service.slurm.snapshot import take_snapshot
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
+from tests.fixtures.rows import checkpoint_path
 
 PREFIX = "runyard-unit"  # the Slurm job prefix; the fake cluster's nodes are unit001, ...
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -180,8 +181,9 @@ class Cluster:
                 ProgressReport(rank=0, metrics=[{"step": step, "loss": 1.0, "step_time_s": 0.1}]),
             )
             state = "COMMITTED" if committed else "WRITING"
-            report = CheckpointReport(step=step, path=f"/ckpt/{step}", state=state)
-            workers.record_checkpoint(session, attempt_id, report)
+            path = checkpoint_path(self.run(run_id), step, self.settings)
+            report = CheckpointReport(step=step, path=path, state=state)
+            workers.record_checkpoint(session, attempt_id, report, self.settings)
 
     def finish_training(self, run_id: int) -> None:
         """The worker trains every step, commits the final checkpoint and reports it."""

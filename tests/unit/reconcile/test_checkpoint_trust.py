@@ -14,6 +14,7 @@ from service.models import CheckpointState, Incident, IncidentState, RunEvent, R
 from service.runs import repository
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, ProgressReport
+from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -32,9 +33,11 @@ def live_attempt_id(cluster: Cluster, run_id: int) -> int:
 
 def report_corrupt(cluster: Cluster, run_id: int, step: int, detail: str) -> None:
     """Rank 0 reports a checkpoint that failed its checksums (train.py, at load or commit)."""
-    report = CheckpointReport(step=step, path=f"/ckpt/{step}", state="CORRUPT", detail=detail)
+    path = checkpoint_path(cluster.run(run_id), step, cluster.settings)
+    report = CheckpointReport(step=step, path=path, state="CORRUPT", detail=detail)
     with session_scope() as session:
-        workers.record_checkpoint(session, live_attempt_id(cluster, run_id), report)
+        attempt_id = live_attempt_id(cluster, run_id)
+        workers.record_checkpoint(session, attempt_id, report, cluster.settings)
 
 
 def report_exception(cluster: Cluster, run_id: int, step: int, message: str, rank: int = 0) -> None:

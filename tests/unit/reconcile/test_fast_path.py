@@ -18,6 +18,7 @@ from service.recovery.paths import ClassicBecause, RecoveryPath
 from service.runs.service import run_goodput, worker_config
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
+from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -46,7 +47,10 @@ def report(attempt_id: int, step: int, *, checkpoint: bool = False) -> None:
             ProgressReport(rank=0, metrics=[{"step": step, "loss": 1.0, "step_time_s": 0.1}]),
         )
         if checkpoint:
-            at = CheckpointReport(step=step, path=f"/ckpt/{step}", state="COMMITTED")
+            attempt = session.get(Attempt, attempt_id)
+            run = session.get(Run, attempt.run_id) if attempt else None
+            assert run is not None
+            at = CheckpointReport(step=step, path=checkpoint_path(run, step), state="COMMITTED")
             workers.record_checkpoint(session, attempt_id, at)
 
 

@@ -25,6 +25,7 @@ from service.slurm.fake import FakeSlurm
 from service.workers import endpoints
 from service.workers import service as workers_service
 from service.workers.schemas import CheckpointReport, ProgressReport
+from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import OWNER, PREFIX, Cluster, link_owner
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id
 
@@ -63,10 +64,12 @@ def report(cluster: Cluster, run_id: int, first_step: int) -> int | None:
         {"step": s, "loss": 1.0, "step_time_s": STEP_S} for s in range(first_step, first_step + 10)
     ]
     attempt_id = live_attempt_id(cluster, run_id)
+    # Inside the run's folder by the settings the endpoint reads (patched to these above).
+    path = checkpoint_path(cluster.run(run_id), first_step, cluster.settings)
     with session_scope() as session:
         # The save first, so that every answer rests on the run's measured stall (before
         # any, the plan's predicted one).
-        checkpoint = CheckpointReport(step=first_step, path=f"/ckpt/{first_step}",
+        checkpoint = CheckpointReport(step=first_step, path=path,
                                       state="COMMITTED", write_s=30.0, stall_s=STALL_S)  # fmt: skip
         endpoints.report_checkpoint(attempt_id, checkpoint, session)
         ack = endpoints.report_progress(attempt_id, ProgressReport(rank=0, metrics=rows), session)

@@ -28,7 +28,7 @@ from service.runs import repository
 from service.runs.goodput import compute_goodput
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport
-from tests.fixtures.rows import add_attempt, add_run
+from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 from worker.distributed import read_launch_env
 from worker.reporter import FileReporter
 from worker.save_options import WRITER_ENV
@@ -74,7 +74,8 @@ def checkpoint_badput(session: Session, saves: dict[int, dict[str, Any]]) -> flo
     run = add_run(session, spec={**run_spec, "seq_len": 64, "global_batch": 8})
     attempt = add_attempt(session, run, 1, AttemptState.RUNNING, started_at=utcnow())
     for row in saves.values():
-        fields = {k: row[k] for k in ("step", "path", "state", "num_bytes", "write_s", "stall_s")}
+        fields = {k: row[k] for k in ("step", "state", "num_bytes", "write_s", "stall_s")}
+        fields["path"] = checkpoint_path(run, row["step"])  # the service's folder for the run
         workers.record_checkpoint(session, attempt.id, CheckpointReport(**fields))
     goodput = compute_goodput(run, [attempt], repository.checkpoints(session, run.id))
     badput = goodput.lost.checkpoint_stalls_s
