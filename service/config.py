@@ -22,6 +22,15 @@ class SlowNodePolicy(StrEnum):
     MOVE = "move"
 
 
+class ServiceEnvironment(StrEnum):
+    """Whose jobs the service submits: a site's users', or the dev cluster's and the tests'."""
+
+    SITE = "site"
+    # The test fault hooks of the service's environment (RUNYARD_FAULT*, worker/faults.py)
+    # go into every job it submits (service/identity/gate.py): crashes, slowed steps.
+    DEV = "dev"
+
+
 class Settings(BaseSettings):
     """One source of truth for everything an operator can tune."""
 
@@ -202,6 +211,13 @@ class Settings(BaseSettings):
         default="runyard-users",
         description="The Unix group of the users the service may act as (the sudoers rule's "
         "Runas list): a user is linked only to a login in it.",
+    )
+    environment: ServiceEnvironment = Field(
+        default=ServiceEnvironment.SITE,
+        description="site: users' jobs get nothing of the service's environment. dev (the dev "
+        "cluster's and the tests' services only): the test fault hooks set in it "
+        "(RUNYARD_FAULT*: crashes, slowed steps, flipped values) reach every job it submits. "
+        "`runyard doctor` fails a site service that has one set.",
     )
     qos_by_priority: dict[str, str] = Field(
         default_factory=dict,

@@ -165,6 +165,7 @@ class DevCluster:
             # Its services are the only ones acting on this cluster, whatever the shell says
             # (the test suite turns the reconciler off in its own process).
             "RUNYARD_RUN_RECONCILER": "true",
+            "RUNYARD_ENVIRONMENT": "dev",  # hands RUNYARD_FAULT* to jobs (benches, demos)
         }
 
 

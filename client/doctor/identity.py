@@ -1,7 +1,8 @@
 """Who the service runs as and whom it can act as (docs/install.md, "Who a run runs as"):
-never root, its secrets its own, and through the one sudoers rule, each linked user and
-nobody else. The doctor asks the service who it is, then (when run as root, as the install
-steps are) runs the owner's program as the service's user, the way the service does."""
+never root, its secrets its own, no test fault hooks in a site service's environment, and
+through the one sudoers rule, each linked user and nobody else. The doctor asks the service
+who it is, then (when run as root, as the install steps are) runs the owner's program as
+the service's user, the way the service does."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from client.api import ApiError, RunyardClient
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
@@ -64,7 +66,7 @@ def check_identity(settings: SiteSettings, client: RunyardClient | None = None) 
             skipped(ID, "service user", why),
             skipped(ID, "acts as its users", why),
         ]
-    checks = [_service_user(me)]
+    checks = [_service_user(me), check_fault_hooks(me)]
     checks.append(_secrets(settings, me["unix_user"]))
     checks.append(check_owner_group(settings, me["unix_user"]))
     if os.geteuid() != 0:
@@ -90,6 +92,38 @@ def _service_user(me: dict[str, object]) -> Check:
             "steps 3 and 5)",
         )
     return passed(ID, "service user", f"{me['unix_user']} (uid {me['uid']}), not root")
+
+
+def check_fault_hooks(me: dict[str, Any]) -> Check:
+    """The tests' fault hooks (RUNYARD_FAULT*: a crash at step N, slowed steps, flipped
+    values) reach jobs only from a service in dev mode (service/identity/gate.py). On a site
+    one set in the service's environment is a mistake waiting for a restart in dev mode, or
+    for a version that forwards it: fail it. In dev mode that is what the hooks are for."""
+    if "environment" not in me:
+        return skipped(ID, "fault hooks", "the service does not say: older than this doctor")
+    hooks = ", ".join(me["fault_hooks"])
+    if me["environment"] == "dev":
+        if not hooks:
+            return passed(ID, "fault hooks", "dev mode, no fault hooks set")
+        return Check(
+            ID,
+            "fault hooks",
+            Status.WARN,
+            f"dev mode: {hooks} reach every job the service submits (crashes, slowed "
+            "steps): for the dev cluster and the tests only",
+            "where users run real jobs, remove RUNYARD_ENVIRONMENT=dev and the hooks from "
+            "runyard.env and restart the service",
+        )
+    if hooks:
+        return failed(
+            ID,
+            "fault hooks",
+            f"{hooks} set in the environment of a site service: test hooks that crash or "
+            "slow training (worker/faults.py); not handed to jobs outside dev mode",
+            f"remove {hooks} from runyard.env (and the unit's Environment=), then restart "
+            "the service",
+        )
+    return passed(ID, "fault hooks", "site mode: no fault hooks set, none handed to jobs")
 
 
 def _secrets(settings: SiteSettings, service_user: str) -> Check:

@@ -9,8 +9,10 @@ from fastapi import APIRouter
 
 from service.auth import service as auth
 from service.auth.deps import ADMINS, PrincipalDep
+from service.config import get_settings
 from service.db import SessionDep
 from service.identity import service
+from service.identity.gate import fault_hooks
 from service.identity.repository import list_links
 from service.identity.schemas import ServiceIdentity, UserLinkOut, UserLinkRequest
 
@@ -45,6 +47,12 @@ def users(session: SessionDep) -> list[UserLinkOut]:
 
 @router.get("/service-identity")
 def service_identity() -> ServiceIdentity:
-    """The Unix user this service process runs as."""
+    """The Unix user this service process runs as, and the test hooks set in its environment."""
     uid = os.geteuid()
-    return ServiceIdentity(unix_user=pwd.getpwuid(uid).pw_name, uid=uid, is_root=uid == 0)
+    return ServiceIdentity(
+        unix_user=pwd.getpwuid(uid).pw_name,
+        uid=uid,
+        is_root=uid == 0,
+        environment=get_settings().environment,
+        fault_hooks=sorted(fault_hooks()),
+    )

@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from service.config import Settings
+from service.config import ServiceEnvironment, Settings
 from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.commands import slurm_error
 from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, encode_request
@@ -39,8 +39,8 @@ STOP_GRACE_S = 5.0  # after a timeout's SIGTERM, before SIGKILL
 # sbatch through submitit starts an interpreter, imports submitit and waits for slurmctld.
 TIMEOUT_S = 60.0
 JOB_ID = re.compile(r"[0-9]{1,12}")
-# Environment variables a job inherits from the service: the fault hooks of the tests.
-FORWARDED_TO_JOBS = ("RUNYARD_FAULT",)
+# The fault hooks of the tests (worker/faults.py): what a dev service hands its jobs.
+FAULT_HOOKS = ("RUNYARD_FAULT",)
 # sudo's own refusals (its stderr), as opposed to the program's answer on stdout.
 SUDO_REFUSALS = (
     "a password is required",
@@ -146,7 +146,7 @@ class OwnerGate:
             "settings": asdict(SubmitSettings.of(self.settings)),
             "slurm_conf": str(self.settings.slurm_conf) if self.settings.slurm_conf else None,
             "search_path": os.environ.get("PATH", ""),
-            "job_env": jobs_environment(),
+            "job_env": jobs_environment(self.settings),
         }
         try:
             done = run_as_owner(self.argv(owner.unix_user), json.dumps(request), timeout_s)
@@ -202,11 +202,21 @@ def owner_python() -> str:
     return str(Path(sys.prefix) / "bin" / "python3")
 
 
-def jobs_environment() -> dict[str, str]:
-    """What of the service's environment a job gets: only the test hooks (worker/faults.py,
-    registered from the environment at a rank's start). The rest (the database URL among
-    it) stays the service's; sudo starts the owner's program with a clean environment."""
-    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_TO_JOBS)}
+def jobs_environment(settings: Settings) -> dict[str, str]:
+    """What of the service's environment a job gets: on a site nothing; in dev mode the
+    test hooks (worker/faults.py, registered from the environment at a rank's start), which
+    is how the integration tests crash and slow their runs. A hook left in a site service's
+    environment would otherwise crash or slow every user's job. The rest (the database URL
+    among it) stays the service's; sudo starts the owner's program with a clean
+    environment."""
+    if settings.environment != ServiceEnvironment.DEV:
+        return {}
+    return fault_hooks()
+
+
+def fault_hooks() -> dict[str, str]:
+    """The test fault hooks set in the service's environment (RUNYARD_FAULT*)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FAULT_HOOKS)}
 
 
 def _uid_of(unix_user: str) -> int:

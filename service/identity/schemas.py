@@ -6,6 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.config import ServiceEnvironment
+
 
 class UserLinkRequest(BaseModel):
     """Link a runyard user to the Unix user their jobs run as."""
@@ -27,8 +29,11 @@ class UserLinkOut(BaseModel):
 
 
 class ServiceIdentity(BaseModel):
-    """Who the service itself runs as: what `runyard doctor` checks (never root)."""
+    """Who the service itself runs as, and what of its environment reaches users' jobs: what
+    `runyard doctor` checks (never root; no test fault hooks on a site)."""
 
     unix_user: str
     uid: int
     is_root: bool
+    environment: ServiceEnvironment  # site, or dev: fault hooks are handed to jobs
+    fault_hooks: list[str]  # names of the RUNYARD_FAULT* variables set (not their values)

@@ -1,9 +1,10 @@
 """Cancellation: stop the Slurm jobs of CANCELLING runs, then mark the runs CANCELLED.
 
 The user's cancel only marks the run CANCELLING (runs/service.py); the jobs are scancelled
-here, outside any transaction. An attempt recorded SUBMITTING without a job id may have been
-sbatched by a service that died: its job is found by its unique name. A sweep task waits for
-its array's job id (reconcile/sweeps.py) so it cannot be forgotten.
+here, outside any transaction, as the run owner's only (SlurmClient.cancel). An attempt
+recorded SUBMITTING without a job id may have been sbatched by a service that died: its job
+is found by its unique name, if it runs as the owner. A sweep task waits for its array's job
+id (reconcile/sweeps.py) so it cannot be forgotten.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
 from service.models import AttemptState, RunState, Sweep
+from service.reconcile.submission import owners_own
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.lifecycle import set_attempt_state, set_run_state
@@ -26,10 +28,12 @@ def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
     """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
     targets: dict[int, list[str]] = {}
     unnamed: dict[int, list[str]] = {}  # run -> names of jobs maybe queued before a crash
+    owners: dict[int, str] = {}  # run -> its owner's Unix user, whom its jobs run as
     with session_scope() as session:
         for r in repository.runs_in_states(session, [RunState.CANCELLING]):
             live = [a for a in r.attempts if not a.state.is_terminal]
             targets[r.id] = [a.slurm_job_id for a in live if a.slurm_job_id]
+            owners[r.id] = r.unix_user
             for a in live:
                 if a.slurm_job_id is not None or a.state != AttemptState.SUBMITTING:
                     continue
@@ -42,8 +46,12 @@ def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
                     del targets[r.id]
                     break
     if unnamed:
+        # Names are no secret: another user's job named like the attempt is not the run's,
+        # and waiting for it to leave the queue would keep the run CANCELLING.
+        owner_of_name = {n: owners[run_id] for run_id, names in unnamed.items() for n in names}
         try:
             queued = slurm.jobs_by_name(f"{settings.slurm_job_prefix}-")
+            queued = owners_own(slurm, queued, owner_of_name)
         except SlurmError as exc:
             log.warning("cannot list the queued jobs, cancelling next pass: %s", exc)
             queued = None
@@ -52,10 +60,10 @@ def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
                 targets.pop(run_id, None)
             elif run_id in targets:
                 targets[run_id] += [queued[n] for n in names if n in queued]
-    job_ids = [job for jobs in targets.values() for job in jobs]
-    if job_ids:
-        slurm.cancel(job_ids)
-    still_live = slurm.queue(job_ids) if job_ids else {}
+    owner_of_job = {job: owners[run_id] for run_id, jobs in targets.items() for job in jobs}
+    if owner_of_job:
+        slurm.cancel(owner_of_job)
+    still_live = slurm.queue(list(owner_of_job)) if owner_of_job else {}
     for run_id, jobs in targets.items():
         if any(job in still_live and still_live[job].is_live for job in jobs):
             continue

@@ -143,15 +143,15 @@ def enforce_stop_deadlines(slurm: SlurmClient) -> None:
     """Ranks that ignore a stop request for STOP_GRACE_S are cancelled outright."""
     deadline = utcnow() - timedelta(seconds=STOP_GRACE_S)
     with session_scope() as session:
-        jobs = [
-            a.slurm_job_id
+        jobs = {
+            a.slurm_job_id: r.unix_user
             for r in repository.runs_in_states(session, [RunState.RUNNING])
             for a in r.attempts
             if a.stop_requested_at
             and a.stop_requested_at < deadline
             and not a.state.is_terminal
             and a.slurm_job_id
-        ]
+        }
     if jobs:
         slurm.cancel(jobs)
 

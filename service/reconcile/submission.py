@@ -22,6 +22,7 @@ from contract import StopReason
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
+from service.identity.owner import OwnerAccessError, OwnerFailure
 from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
@@ -131,7 +132,11 @@ def submit_attempts(
                 # Minted only for a fresh submission: an adopted job already runs on the
                 # token written before the crash, and minting revokes it.
                 job_id = slurm.submit(req, mint_worker_token(req.run_id, req.attempt_id))
-                check_submitted(slurm, job_id, req.owner.unix_user)
+                try:
+                    check_submitted(slurm, job_id, req.owner.unix_user, req.job_name)
+                except OwnerAccessError:
+                    cancel_unrecorded(slurm, req.job_name, req.owner.unix_user)
+                    raise
             else:  # the crash may have come between sbatch and submitit's last step
                 slurm.finish_submission(req.owner, req.job_folder, {req.attempt_id: job_id})
         except SlurmUnreachable as exc:
@@ -179,16 +184,41 @@ def owners_own(slurm: SlurmClient, named: dict[str, str], owners: dict[str, str]
     return kept
 
 
-def check_submitted(slurm: SlurmClient, job_id: str, owner: str) -> None:
-    """The job id the owner's program answered with is a job of the owner's: the service
-    later cancels what it records, with a Slurm administrator's rights. A job slurmctld does
-    not show yet is taken as it is."""
-    details = slurm.job_details([job_id])
-    if job_id in details and details[job_id].user != owner:
-        raise SlurmError(
-            f"sbatch as {owner} answered with job {job_id}, which runs as "
-            f"{details[job_id].user!r}: not recorded"
-        )
+def check_submitted(slurm: SlurmClient, job_id: str, owner: str, job_name: str) -> None:
+    """The job id the owner's program answered with names the job it was asked to queue:
+    slurmctld knows it (sbatch answers once slurmctld has the job), it runs as the owner,
+    and it carries the attempt's unique name. The answer comes from a process the owner may
+    write to, and what is recorded is what the reconciler polls and, with a Slurm
+    administrator's rights, cancels: an id of another user's job, or one slurmctld has not
+    given out yet (the next job anyone submits takes it), must not become the run's. Raises
+    OwnerAccessError (INVALID): the attempt fails, nothing recorded."""
+    found = slurm.job_details([job_id]).get(job_id)
+    if found is None:
+        why = "which slurmctld does not know"
+    elif found.user != owner:
+        why = f"which runs as {found.user or 'an unknown user'}"
+    elif found.name != job_name:
+        why = f"which is named {found.name!r}"
+    else:
+        return
+    raise OwnerAccessError(
+        OwnerFailure.INVALID,
+        f"sbatch as {owner} answered with job {job_id}, {why}, not the attempt's job "
+        f"({owner}'s, named {job_name}): not recorded",
+    )
+
+
+def cancel_unrecorded(slurm: SlurmClient, job_name: str, owner: str) -> None:
+    """After an answer refused by check_submitted: the job the owner's program may have
+    queued under the attempt's name all the same. Nothing records it, so nothing would poll
+    or cancel it, and it would hold the run's nodes and reservation. Cancelled as the
+    owner's only (scancel --user), whoever else named a job so."""
+    try:
+        queued = slurm.jobs_by_name(job_name).get(job_name)
+        if queued is not None:
+            slurm.cancel({queued: owner})
+    except SlurmError as exc:
+        log.warning("%s: cannot cancel what its refused sbatch queued: %s", job_name, exc)
 
 
 def mint_worker_token(run_id: int, attempt_id: int) -> str:

@@ -61,7 +61,7 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
             try:
                 array_id = slurm.submit_array(req, tokens)
                 first_task = req.task_job_ids(array_id)[req.attempt_ids[0]]
-                check_submitted(slurm, first_task, req.owner.unix_user)
+                check_submitted(slurm, first_task, req.owner.unix_user, req.job_name)
             except SlurmUnreachable as exc:  # not a refusal: found by name or sent again
                 log.warning("sweep %d: Slurm did not answer, next pass: %s", req.sweep_id, exc)
                 continue
@@ -149,7 +149,7 @@ def _record_array(req: ArrayRequest, array_id: str, slurm: SlurmClient) -> None:
             if run.state == RunState.PENDING:
                 timeline.attempt_submitted(session, run.id)
     if orphaned:
-        slurm.cancel(orphaned)
+        slurm.cancel(dict.fromkeys(orphaned, req.owner.unix_user))
 
 
 def _array_failed(req: ArrayRequest, reason: str) -> None:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from service.db import session_scope
-from service.models import Attempt, AttemptState
+from service.models import Attempt, AttemptState, Run
 from service.models.base import utcnow
 from service.slurm.client import SlurmClient
 
@@ -29,22 +29,22 @@ LOOK_BACK = timedelta(hours=1)  # older ended attempts' jobs were cancelled or h
 
 
 def cancel_jobs_of_ended_attempts(slurm: SlurmClient, within: timedelta = LOOK_BACK) -> None:
-    """scancel the jobs Slurm still runs for attempts Postgres says failed or were cancelled."""
+    """scancel the jobs Slurm still runs for attempts Postgres says failed or were cancelled,
+    each as its run owner's (SlurmClient.cancel)."""
     with session_scope() as session:
-        jobs = [
-            job
-            for job in session.scalars(
-                select(Attempt.slurm_job_id).where(
-                    Attempt.state.in_(ENDED_BY_US),
-                    Attempt.slurm_job_id.is_not(None),
-                    Attempt.ended_at > utcnow() - within,
-                )
-            ).all()
-            if job
-        ]
-    if not jobs:
+        rows = session.execute(
+            select(Attempt.slurm_job_id, Run.unix_user)
+            .join(Run, Run.id == Attempt.run_id)
+            .where(
+                Attempt.state.in_(ENDED_BY_US),
+                Attempt.slurm_job_id.is_not(None),
+                Attempt.ended_at > utcnow() - within,
+            )
+        ).all()
+        owner_of_job = {job: owner for job, owner in rows if job}
+    if not owner_of_job:
         return
-    live = slurm.queue(jobs)
-    still = [job for job in jobs if job in live and live[job].is_live]
+    live = slurm.queue(list(owner_of_job))
+    still = {job: owner for job, owner in owner_of_job.items() if job in live and live[job].is_live}
     if still:
         slurm.cancel(still)

@@ -119,5 +119,5 @@ def restart_in_place(item: _Todo, slurm: SlurmClient) -> None:
             session, run, attempt, incident.message, cause=StopReason.RECOVERY_RESTART
         ):
             incident.state, incident.resolved_at = IncidentState.RESOLVED, utcnow()
-    if target[2]:
-        slurm.cancel([target[2]])
+    if target[2] and owner is not None:
+        slurm.cancel({target[2]: owner.unix_user})

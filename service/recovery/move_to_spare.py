@@ -49,7 +49,7 @@ def drain_and_move(
                 if bad.state != NodeState.DRAINING:
                     set_node_state(session, bad, NodeState.DRAINING, message)
                 set_node_state(session, bad, NodeState.DRAINED, message)
-    jobs = []
+    jobs: dict[str, str] = {}  # job id -> its run owner's Unix user
     with session_scope() as session:
         # Runs first, then the incident: the lock order of every other writer (the workers'
         # reports lock a run, then its attempt, then the incidents that moved it).
@@ -63,7 +63,7 @@ def drain_and_move(
         incident = session.get(Incident, incident_id, with_for_update=True)
         assert incident is not None
         for run in runs:
-            jobs += move_run_to_spare(session, run, incident, node)
+            jobs |= dict.fromkeys(move_run_to_spare(session, run, incident, node), run.unix_user)
         incident.attempt_ended_at = utcnow()
         metrics.observe_incident(incident, "stop")
         if not runs:

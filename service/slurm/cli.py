@@ -86,8 +86,13 @@ class CliSlurmClient:
     ) -> None:
         self.owner_gate.finish_submission(owner, job_folder, job_ids)
 
-    def cancel(self, job_ids: Sequence[str]) -> None:
-        commands.scancel(job_ids)
+    def cancel(self, jobs: Mapping[str, str]) -> None:
+        by_user: dict[str, list[str]] = {}
+        for job_id, user in jobs.items():
+            # A run accepted before runs had owners was submitted as the service itself.
+            by_user.setdefault(user or self.user, []).append(job_id)
+        for user, job_ids in by_user.items():
+            commands.scancel(user, job_ids)
 
     def run_in_job(
         self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float

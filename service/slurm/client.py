@@ -113,8 +113,12 @@ class SlurmClient(Protocol):
         submit call had left to do once sbatch had queued them."""
         ...
 
-    def cancel(self, job_ids: Sequence[str]) -> None:
-        """scancel these jobs in one call; ones that already ended are ignored."""
+    def cancel(self, jobs: Mapping[str, str]) -> None:
+        """scancel these jobs, each given as job id -> the Unix user of the run it was
+        recorded for: one call per user, and Slurm cancels only those that run as that user
+        (scancel --user). A job id names whatever job it names: one that turns out to be
+        someone else's is left alone, however it got into Postgres. Ones that already ended
+        are ignored. The one way the service cancels a job."""
         ...
 
     def run_in_job(

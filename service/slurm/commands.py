@@ -105,6 +105,7 @@ class JobStatus:
     reason: str
     exit_code: int | None = None  # of the batch script, once it ended
     user: str = ""  # whom it runs as (scontrol's UserId): adoption checks it is the owner
+    name: str = ""  # its JobName: a submission checks it is the attempt's (submission.py)
 
     @property
     def is_live(self) -> bool:
@@ -192,6 +193,7 @@ def _job_status(job_id: str, fields: dict[str, str]) -> JobStatus:
         reason=fields.get("Reason", ""),
         exit_code=parse_exit_code(fields.get("ExitCode", "")),
         user=fields.get("UserId", "").partition("(")[0],  # alice(1001)
+        name=fields.get("JobName", ""),
     )
 
 
@@ -232,12 +234,22 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
-def scancel(job_ids: Sequence[str]) -> None:
-    """One scancel for all of them; ones that already ended are not an error."""
+def scancel(user: str, job_ids: Sequence[str]) -> None:
+    """One scancel for these jobs of `user`'s; ones that already ended are not an error.
+
+    `--user` makes scancel leave alone any of them that runs as someone else (22.05 filters
+    the jobs it loaded, later releases send the filter to slurmctld; seen on 22.05.8: a
+    `--user=alice` scancel of bob's job printed nothing and left it queued). The service
+    scancels with a Slurm administrator's rights, and a recorded job id came from a process
+    the run's owner could tamper with: without the filter a forged id would cancel anyone's
+    job."""
     if isinstance(job_ids, str):  # one id is a Sequence[str] too: never scancel its digits
         raise TypeError(f"scancel takes a list of job ids, not {job_ids!r}")
+    if not user or user.startswith("-"):
+        raise ValueError(f"scancel needs the Unix user the jobs run as, not {user!r}")
+    # Never without ids: `scancel --user=alice` alone cancels every job of alice's.
     if job_ids:
-        run_slurm(["scancel", "--", *job_ids], check=False)  # ids, never options
+        run_slurm(["scancel", f"--user={user}", "--", *job_ids], check=False)  # ids, no options
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ nodes are scheduled in name order, and nothing happens unless a caller asks for 
 `calls` counts every SlurmClient call, so a test can bound Slurm traffic per tick;
 `break_call` makes one kind of call fail as a Slurm outage would, and
 `refuse_reservation_delete` makes slurmctld refuse a reservation's delete as it does while
-a job that ran in it is still ending.
+a job that ran in it is still ending. Jobs run as a user: `cancel` leaves alone a job that
+runs as someone else than the user it is asked for with (scancel --user), and
+`forge_submit_answer` makes the owner's program answer another job's id, as one the owner
+tampered with could.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class FakeJob:
             reason=self.reason,
             exit_code=self.exit_code,
             user=self.user,
+            name=self.name,
         )
 
 
@@ -111,6 +115,8 @@ class FakeSlurm:
     delete_refusals: Counter[str] = field(default_factory=Counter)
     # sbatch queues its job, then times out before its answer comes back
     submit_answer_lost: bool = False
+    # sbatch queues its job, and the owner's program answers with this id instead
+    forged_answer: str | None = None
     next_id: int = 1000
     # Set: the switches are topology/block's blocks of this many nodes (Slurm 24.05+).
     block_size: int | None = None
@@ -143,6 +149,12 @@ class FakeSlurm:
         """The next `times` deletes of reservation `name` are refused as slurmctld refuses
         them while a job that ran in it is still ending; later ones succeed."""
         self.delete_refusals[name] = times
+
+    def forge_submit_answer(self, job_id: str | None) -> None:
+        """From now on `submit` and `submit_array` queue their job as asked and answer
+        `job_id` (None: the truth again): the owner's program prints the job id on its last
+        line of stdout, and the owner may write to that process."""
+        self.forged_answer = job_id
 
     def lose_submit_answer(self) -> None:
         """From now on `submit` queues its job and then raises SlurmUnreachable, as sbatch
@@ -192,12 +204,17 @@ class FakeSlurm:
         for job_id in job_ids:
             self.jobs[job_id].awaits_submission = True
 
-    def run_foreign_job(self, name: str, nodes: Sequence[str]) -> str:
-        """Someone else's job, running on `nodes` now (their sbatch, not the reconciler's)."""
+    def run_foreign_job(self, name: str, nodes: Sequence[str], user: str = "") -> str:
+        """Someone else's job, running on `nodes` now (their sbatch, not the reconciler's),
+        as `user`."""
         job_id = self._new_id()
-        self.jobs[job_id] = FakeJob(job_id, name, len(nodes), tuple(nodes), None, 0, 0)
+        self.jobs[job_id] = FakeJob(job_id, name, len(nodes), tuple(nodes), None, 0, 0, user)
         self.start(job_id, nodes)
         return job_id
+
+    def scancel_by_hand(self, job_ids: Sequence[str]) -> None:
+        """Someone allowed to (root, the job's owner) scancels these jobs, whoever's."""
+        self._scancel(job_ids, user=None)
 
     def start(self, job_id: str, nodes: Sequence[str]) -> None:
         """Run a pending job on `nodes` (what the scheduler decided)."""
@@ -342,7 +359,7 @@ class FakeSlurm:
         )
         if self.submit_answer_lost:
             raise SlurmUnreachable("submit: Socket timed out on send/recv operation")
-        return job_id
+        return self.forged_answer or job_id
 
     def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str:
         self._call("submit_array")
@@ -363,7 +380,7 @@ class FakeSlurm:
                 array_id=array_id,
                 max_parallel=req.max_parallel,
             )
-        return array_id
+        return self.forged_answer or array_id
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         self._call("queue")
@@ -392,11 +409,22 @@ class FakeSlurm:
             if job_id in self.jobs:
                 self.jobs[job_id].awaits_submission = False
 
-    def cancel(self, job_ids: Sequence[str]) -> None:
+    def cancel(self, jobs: Mapping[str, str]) -> None:
         self._call("cancel")
+        by_user: dict[str, list[str]] = {}
+        for job_id, user in jobs.items():
+            by_user.setdefault(user, []).append(job_id)
+        for user, job_ids in by_user.items():
+            self._scancel(job_ids, user)
+
+    def _scancel(self, job_ids: Sequence[str], user: str | None) -> None:
+        """scancel [--user=<user>] -- <job_ids>: a job (or an array's tasks) that runs as
+        another user than `user` is left alone, as scancel filters it out."""
         targets = set(job_ids)
         for job in list(self.jobs.values()):
             if (job.job_id in targets or job.array_id in targets) and job.is_live:
+                if user is not None and job.user != user:
+                    continue
                 running = job.state == "RUNNING"
                 self.end(job.job_id, "CANCELLED", CANCELLED_EXIT if running else 0)
 

@@ -126,6 +126,7 @@ def job_status(job_id: str, job: dict[str, Any]) -> JobStatus:
         reason=reason,
         exit_code=exit_code(job.get("exit_code")),
         user=str(job.get("user_name") or ""),
+        name=str(job.get("name") or ""),
     )
 
 

@@ -111,8 +111,9 @@ class ServiceProcess:
         self.admin_token, self.port = admin_token, port
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        # The service's settings only: what a site writes into its runyard.env.
-        self.settings = {
+        # The service's settings only: what a site writes into its runyard.env. Dev mode:
+        # the tests' fault hooks (inject_faults, paced_faults) reach the jobs only so.
+        self.settings = {"RUNYARD_ENVIRONMENT": "dev"} | {
             k: v for k, v in settings.items() if k.startswith("RUNYARD_") or k == "SLURM_CONF"
         }
 

@@ -12,15 +12,22 @@ import os
 import pwd
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from client.api import ApiError, RunyardClient
 from client.devcluster.faults import rank_pids
 from client.devcluster.identity import SERVICE_USER
+from service.config import Settings
+from service.identity.owner import OwnerAccessError, RunOwner
+from service.reconcile.submission import check_submitted
+from service.slurm.cli import CliSlurmClient
+from service.slurm.submit import AttemptRequest
 from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
 from tests.integration.conftest import (
     Agents,
@@ -208,6 +215,51 @@ def test_a_users_script_cannot_reach_another_teams_jobs_the_cluster_or_the_servi
     final = alice.get_run(theirs)
     assert len(final["attempts"]) == 1 and final["last_step"] == 150
     assert "intruder" not in drain_reason(attempt["nodes"][0], conf)
+
+
+def sbatch_as(user: str, name: str, conf: str) -> str:
+    """A job of `user`'s own, submitted by them (not through runyard): its id."""
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-J", name, "-N1", "-t", "5", "-o", "/dev/null",
+         "--chdir=/tmp", "--wrap", "sleep 300"],
+        capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}, user=user,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def test_an_answer_naming_bobs_job_is_refused_and_alices_scancel_leaves_it(
+    slurm_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38 against the real slurmctld: bob queues a job of his own; the owner's program
+    of alice's attempt answers with its id (a tampered answer, which the gate below stands
+    in for). scontrol shows it runs as bob, so the answer is refused, nothing recorded; and
+    the scancel the service issues for alice's runs (--user=alice) leaves bob's job alone,
+    where the same scancel as bob's cancels it."""
+    conf = str(slurm_cluster.slurm_conf)
+    monkeypatch.setenv("SLURM_CONF", conf)  # the service's Slurm commands read it
+    bobs = sbatch_as("bob", "bobs-own", conf)
+    try:
+        slurm_client = CliSlurmClient(Settings(accelerator="cpu", run_reconciler=False))
+        forged = mock.patch.object(slurm_client.owner_gate, "submit", return_value=bobs)
+        with forged, pytest.raises(OwnerAccessError, match=f"job {bobs}, which runs as bob"):
+            answer = slurm_client.submit(AttemptRequest(
+                run_id=0, attempt_id=0, job_name="runyard-alices-attempt",
+                job_folder=Path("/nonexistent"), num_nodes=1, ranks_per_node=1,
+                time_limit_min=5, owner=RunOwner(unix_user="alice", slurm_account="vision"),
+            ), "token")  # fmt: skip
+            check_submitted(slurm_client, answer, "alice", "runyard-alices-attempt")
+        slurm_client.cancel({bobs: "alice"})
+        shown = slurm("squeue", "-h", "-j", bobs, "-o", "%u %T", conf=conf).split()
+        assert shown[:1] == ["bob"] and shown[1] in ("PENDING", "RUNNING"), shown
+        slurm_client.cancel({bobs: "bob"})
+        wait_for(
+            "bob's job cancelled by a scancel as bob's",
+            lambda: "CANCELLED" in slurm("scontrol", "show", "job", bobs, conf=conf),
+        )
+    finally:
+        slurm("scancel", bobs, conf=conf)
 
 
 def _reservation_of(attempt: dict[str, Any], conf: str) -> str:

@@ -200,3 +200,79 @@ def test_the_doctor_warns_when_postgres_lets_the_service_role_in_without_a_passw
     guarded = checks["password required"]
     assert guarded.status == "warn" and "without a password" in guarded.detail, guarded
     assert "scram-sha-256" in guarded.fix
+
+
+def clear_fault_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("RUNYARD_FAULT")]:
+        monkeypatch.delenv(key)
+
+
+def test_fault_hooks_reach_jobs_only_from_a_dev_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the service hands the owner's program as the job's environment (sbatch passes it
+    on): the tests' RUNYARD_FAULT* hooks in dev mode, nothing from a site service (issue
+    38: a hook left in one would crash or slow every user's job). Site is the default."""
+    import getpass
+
+    from service.config import Settings
+    from service.identity import gate
+    from service.identity.owner import RunOwner
+    from service.slurm.submit import AttemptRequest
+
+    sent: list[dict[str, Any]] = []
+
+    def owners_program(argv: list[str], stdin: str, timeout_s: float) -> Any:
+        sent.append(json.loads(stdin))
+        return subprocess.CompletedProcess(argv, 0, '{"ok": true, "result": "4242"}\n', "")
+
+    monkeypatch.setattr(gate, "run_as_owner", owners_program)
+    clear_fault_hooks(monkeypatch)
+    monkeypatch.delenv("RUNYARD_ENVIRONMENT", raising=False)
+    monkeypatch.setenv("RUNYARD_FAULT", "after_step:5")
+    monkeypatch.setenv("RUNYARD_FAULT_SLOW_S", "0.3")
+    req = AttemptRequest(
+        run_id=1, attempt_id=1, job_name="runyard-x-r1-a1", job_folder=Path("/nonexistent"),
+        num_nodes=1, ranks_per_node=1, time_limit_min=10,
+        owner=RunOwner(unix_user=getpass.getuser(), slurm_account="ops"),
+    )  # fmt: skip
+    hooks = {"RUNYARD_FAULT": "after_step:5", "RUNYARD_FAULT_SLOW_S": "0.3"}
+    for settings, handed in ((Settings(), {}), (Settings(environment="dev"), hooks)):
+        assert gate.OwnerGate(settings).submit(req, "token") == "4242"
+        assert sent[-1]["job_env"] == handed, settings.environment
+
+
+def test_the_doctor_fails_a_site_service_with_fault_hooks_and_warns_of_a_dev_one(
+    api: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The service reports its mode and the names of the hooks in its environment
+    (GET /v1/admin/service-identity); the doctor fails a site service with one set."""
+    from client.api import RunyardClient
+    from client.doctor.identity import check_fault_hooks, check_identity
+    from client.doctor.result import SiteSettings
+    from service.config import Settings
+    from service.identity import endpoints
+
+    client = RunyardClient("http://testserver")
+    client._http = api  # the real app in-process
+    settings_file = tmp_path / "runyard.env"
+    settings_file.write_text("RUNYARD_PARTITION=train\n")
+    settings = SiteSettings.load(settings_file)
+
+    def fault_hooks_check() -> Any:
+        return {c.name: c for c in check_identity(settings, client)}["fault hooks"]
+
+    clear_fault_hooks(monkeypatch)
+    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(environment="site"))
+    assert fault_hooks_check().status == "ok"
+    monkeypatch.setenv("RUNYARD_FAULT", "after_step:5")
+    failed = fault_hooks_check()
+    assert failed.status == "FAIL", failed
+    assert "RUNYARD_FAULT set in the environment of a site service" in failed.detail
+    assert "after_step" not in failed.detail  # names only, not what they do
+    assert failed.fix.startswith("remove RUNYARD_FAULT from runyard.env")
+    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(environment="dev"))
+    warned = fault_hooks_check()
+    assert warned.status == "warn" and "dev mode: RUNYARD_FAULT reach every job" in warned.detail
+    monkeypatch.delenv("RUNYARD_FAULT")
+    assert fault_hooks_check().status == "ok"
+    older = check_fault_hooks({"unix_user": "runyard", "uid": 999, "is_root": False})
+    assert older.status == "skip"

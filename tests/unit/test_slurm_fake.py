@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from service.identity.owner import RunOwner
+from service.slurm import commands
 from service.slurm.cli import CliSlurmClient
 from service.slurm.client import SlurmClient
 from service.slurm.commands import SlurmError
@@ -101,7 +104,7 @@ def test_a_drained_node_keeps_its_job_and_takes_no_new_one() -> None:
     node = next(n for n in slurm.show_nodes() if n.name == "gpu001")
     assert node.state == "ALLOCATED+DRAIN" and node.reason == "runyard: xid 79"
     assert slurm.queue([job])[job].state == "RUNNING"
-    slurm.cancel([job])
+    slurm.cancel({job: ""})  # as the user it runs as (attempt() names none)
     assert slurm.job_details([job])[job].exit_code == CANCELLED_EXIT
     again = slurm.submit(attempt("b", ["gpu001"]), "token")
     assert slurm.schedule() == []
@@ -147,6 +150,46 @@ def test_an_array_runs_at_most_max_parallel_tasks_and_is_found_by_name() -> None
     assert slurm.schedule() == [f"{array_id}_2"]
     one = slurm.submit_array(array("runyard-s2", num_tasks=1, max_parallel=1), [])
     assert one in slurm.jobs and slurm.array_job_by_name("runyard-s2") == one
+
+
+def test_a_cancel_leaves_alone_the_jobs_of_another_user_than_the_one_named() -> None:
+    """SlurmClient.cancel names whom each job must run as, as `scancel --user` does: bob's
+    job (and the tasks of bob's array) survive a cancel asked for as alice's."""
+    slurm = FakeSlurm.cluster(num_switches=1, nodes_per_switch=3)
+    bobs = slurm.run_foreign_job("bobs-own", ["gpu001"], user="bob")
+    alices = slurm.run_foreign_job("alices-own", ["gpu002"], user="alice")
+    slurm.cancel({bobs: "alice", alices: "alice"})
+    assert (slurm.jobs[bobs].state, slurm.jobs[alices].state) == ("RUNNING", "CANCELLED")
+    slurm.cancel({bobs: "bob"})
+    assert slurm.jobs[bobs].state == "CANCELLED"
+    bob = RunOwner(unix_user="bob", slurm_account="speech")
+    array_id = slurm.submit_array(replace(array("bobs-sweep", 2, 2), owner=bob), [])
+    slurm.cancel({array_id: "alice", f"{array_id}_1": "alice"})
+    assert {slurm.jobs[f"{array_id}_{t}"].state for t in range(2)} == {"PENDING"}
+
+
+def test_the_cli_client_scancels_once_per_owner_with_their_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`scancel --user=<owner> -- <ids>`: scancel leaves a job of anyone else alone (seen on
+    22.05.8: bob's job survived `scancel --user=alice -- <its id>`). A run accepted before
+    runs had owners (no Unix user) was submitted as the service itself."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(commands, "run_slurm", lambda argv, check=True: ran.append(argv) or "")
+    client = CliSlurmClient.__new__(CliSlurmClient)
+    client.user = "runyard"
+    client.cancel({"11": "alice", "12": "bob", "13": "alice", "14": ""})
+    assert ran == [
+        ["scancel", "--user=alice", "--", "11", "13"],
+        ["scancel", "--user=bob", "--", "12"],
+        ["scancel", "--user=runyard", "--", "14"],
+    ]
+    ran.clear()
+    client.cancel({})
+    assert ran == []  # never `scancel --user=x` alone: that cancels every job of x's
+    for user in ("", "--all"):
+        with pytest.raises(ValueError, match="Unix user"):
+            commands.scancel(user, ["11"])
 
 
 def test_forgotten_jobs_and_outages() -> None:

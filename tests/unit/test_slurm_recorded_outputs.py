@@ -154,6 +154,10 @@ def check_job_details(rec: Recording, found: dict[str, commands.JobStatus]) -> N
     assert found[jobs["running"]].state == "RUNNING"
     assert found[jobs["pending"]].state == "PENDING" and found[jobs["pending"]].node_list == ""
     assert found[f"{jobs['array']}_0"].state == "RUNNING"
+    # Whose and which: a submission's answer is checked against both (submission.py).
+    running, task = found[jobs["running"]], found[f"{jobs['array']}_0"]
+    assert (running.user, running.name) == ("root", "runyard-record-run")
+    assert (task.user, task.name) == ("root", "runyard-record-array")
 
 
 def test_scontrol_show_job_gives_final_states_and_exit_codes(recorded: Recording) -> None:

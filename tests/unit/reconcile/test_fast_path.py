@@ -15,6 +15,7 @@ from service.reconcile.loop import Reconciler
 from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
 from service.recovery.paths import ClassicBecause, RecoveryPath
+from service.runs import repository
 from service.runs.service import run_goodput, worker_config
 from service.workers import service as workers
 from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
@@ -256,7 +257,7 @@ def test_a_group_that_stopped_for_a_loss_spike_rolls_every_group_back_from_disk(
 def worker_configs(cluster: Cluster, run_id: int) -> dict[int, WorkerRunConfig]:
     """What each live group's ranks would be told to train (GET .../config)."""
     with session_scope() as session:
-        run = session.get(Run, run_id)
+        run = repository.get_run(session, run_id)
         assert run is not None
         live = [a for a in run.attempts if not a.state.is_terminal and a.replica_group is not None]
         return {

@@ -77,7 +77,7 @@ def test_do_not_retry_fails_the_run_at_once(cluster: Cluster) -> None:
 
 def test_a_job_cancelled_behind_the_services_back_is_a_failure(cluster: Cluster) -> None:
     run_id = running(cluster, "admin-scancel")
-    cluster.slurm.cancel([cluster.live_job(run_id)])  # `scancel` by hand, not runyard's
+    cluster.slurm.scancel_by_hand([cluster.live_job(run_id)])  # an admin, not runyard
     cluster.tick(2)
     failed = cluster.attempts(run_id)[0]
     assert failed.exit_code == CANCELLED_EXIT and "ended CANCELLED" in (failed.end_reason or "")
