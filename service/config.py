@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -289,12 +290,37 @@ class Settings(BaseSettings):
         gt=0,
         description="A delivery not answered 2xx this long after its event is GAVE_UP.",
     )
+    webhook_allowed_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs webhooks may reach besides public addresses (e.g. "
+        "an internal Slack proxy's 10.20.0.0/24). Loopback, link-local (cloud metadata), "
+        "private, carrier-grade NAT, multicast and reserved addresses are refused otherwise, "
+        "when a notification is added and at each delivery.",
+    )
     goodput_low_after_s: float = Field(
         default=3600.0,
         ge=0,
         description="goodput.low is judged only after a run held its nodes this long "
         "(start-up counts as lost time), as the RunyardGoodputLow alert does.",
     )
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _cidrs(cls, text: str) -> str:
+        # A typo refuses the service's start, not every delivery to the network it meant.
+        for cidr in _split_cidrs(text):
+            try:
+                ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not a network (e.g. 10.20.0.0/24): {exc}") from exc
+        return text
+
+    @property
+    def webhook_networks(self) -> list[IPv4Network | IPv6Network]:
+        """webhook_allowed_networks, parsed (10.20.0.5/24 is taken as 10.20.0.0/24)."""
+        return [
+            ip_network(cidr, strict=False) for cidr in _split_cidrs(self.webhook_allowed_networks)
+        ]
 
     @property
     def slurm_job_prefix(self) -> str:
@@ -335,6 +361,10 @@ class Settings(BaseSettings):
     @property
     def umask(self) -> int:
         return int(self.run_umask, 8)
+
+
+def _split_cidrs(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 @lru_cache

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from service.auth.deps import USERS, PrincipalDep
+from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId
 from service.notifications import service
@@ -23,7 +24,8 @@ router = APIRouter(prefix="/v1/notifications", tags=["notifications"], dependenc
 @router.post("", status_code=status.HTTP_201_CREATED)
 def add(spec: SubscriptionIn, session: SessionDep, principal: PrincipalDep) -> SubscriptionCreated:
     """Send your team's events to a URL (JSON or Slack), signed; the secret is shown once."""
-    subscription = service.create(session, spec, principal)
+    networks = get_settings().webhook_networks
+    subscription = service.create(session, spec, principal, networks)
     return SubscriptionCreated.model_validate(subscription)
 
 

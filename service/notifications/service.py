@@ -5,20 +5,36 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
+import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.auth.principal import Principal
-from service.errors import NotFound
+from service.errors import InvalidSpec, NotFound
 from service.models import NotificationDelivery, NotificationEvent, NotificationSubscription
 from service.models.base import utcnow
+from service.notifications import egress
+from service.notifications.egress import Network
 from service.notifications.outbox import enqueue
 from service.notifications.schemas import SubscriptionIn
 
 
 def create(
-    session: Session, spec: SubscriptionIn, principal: Principal
+    session: Session, spec: SubscriptionIn, principal: Principal, networks: Sequence[Network]
 ) -> NotificationSubscription:
+    """A subscription for the caller's team, once its URL reaches only allowed addresses."""
+    # Before the session's first statement: the lookup is a network call, and none is made
+    # while a transaction is open.
+    try:
+        egress.checked_addresses(httpx.URL(spec.url), networks)
+    except (egress.Unreachable, httpx.InvalidURL) as refused:
+        advice = (
+            "; webhooks may only reach public addresses unless an admin allows the network "
+            f"({egress.ALLOW_SETTING})"
+            if isinstance(refused, egress.AddressRefused)
+            else ""
+        )
+        raise InvalidSpec(f"url: {refused}{advice}") from refused
     subscription = NotificationSubscription(
         team=principal.team,
         owner=principal.user,

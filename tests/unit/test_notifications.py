@@ -5,6 +5,7 @@ and subscriptions are a team's, like runs. Real Postgres; the receiver listens o
 from __future__ import annotations
 
 from collections.abc import Iterator
+from ipaddress import ip_address
 from typing import Any
 
 import httpx
@@ -23,12 +24,16 @@ from service.models import (
     Role,
     RunState,
 )
-from service.notifications import delivery, render
+from service.notifications import delivery, egress, render
 from service.recovery.signals import open_incident
 from service.runs.lifecycle import set_run_state
 from tests.conftest import wait_for
 from tests.fixtures.rows import add_run
 from tests.fixtures.webhook_receiver import WebhookReceiver
+
+# The receivers listen on loopback, which webhooks may reach only where an admin allows it.
+RECEIVER_NETWORK = "127.0.0.0/8"
+PUBLIC_ADDRESS = "93.184.216.34"  # public (example.com's); what a name resolves to in tests
 
 
 @pytest.fixture
@@ -117,7 +122,12 @@ def test_a_failing_receiver_gets_the_event_once_it_recovers(
     db_session: Session, receiver: WebhookReceiver
 ) -> None:
     """500 three times, then 200: four tries, doubling waits, every request signed."""
-    settings = Settings(notify_retry_base_s=0.05, notify_retry_max_s=1.0, notify_timeout_s=5.0)
+    settings = Settings(
+        notify_retry_base_s=0.05,
+        notify_retry_max_s=1.0,
+        notify_timeout_s=5.0,
+        webhook_allowed_networks=RECEIVER_NETWORK,
+    )
     subscription = subscribe(db_session, "vision", receiver.url, ["run.succeeded"])
     run = add_run(db_session, RunState.RUNNING, team="vision")
     set_run_state(db_session, run, RunState.SUCCEEDED, "trained every step")
@@ -128,7 +138,8 @@ def test_a_failing_receiver_gets_the_event_once_it_recovers(
 
         def one_pass() -> bool:
             for item in delivery.claim_due(db_session, settings):
-                delivery.record(db_session, item, delivery.send(client, item), settings)
+                answer = delivery.send(client, item, settings.webhook_networks)
+                delivery.record(db_session, item, answer, settings)
                 row = db_session.get(NotificationDelivery, item.id)
                 assert row is not None
                 db_session.refresh(row)
@@ -165,10 +176,10 @@ def test_a_slack_subscription_gets_a_readable_message(
         data={"anomaly_step": 1234, "resume_step": 1200, "message": "loss 9.1 > 5 x median"},
     )
     db_session.flush()
-    settings = Settings()
+    settings = Settings(webhook_allowed_networks=RECEIVER_NETWORK)
     with httpx.Client() as client:
         [item] = delivery.claim_due(db_session, settings)
-        assert delivery.send(client, item).ok
+        assert delivery.send(client, item, settings.webhook_networks).ok
     message = receiver.received[0].json
     print(message["text"])
     assert set(message) == {"text", "blocks"}
@@ -197,8 +208,11 @@ def call(api: Any, token: str, method: str, path: str, **kwargs: Any) -> Any:
     return api.request(method, path, headers={"Authorization": f"Bearer {token}"}, **kwargs)
 
 
-def test_subscriptions_are_a_teams_own(api: Any, team_tokens: dict[str, str]) -> None:
+def test_subscriptions_are_a_teams_own(
+    api: Any, team_tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     vision, speech = team_tokens["vision"], team_tokens["speech"]
+    monkeypatch.setattr(egress, "resolve", lambda host: [ip_address(PUBLIC_ADDRESS)])
     created = call(
         api,
         vision,
