@@ -170,6 +170,19 @@ class Settings(BaseSettings):
         "runs at its slowest rank, so a node 1.25x slow costs every GPU of the run 20% for "
         "as long as it stays, while the move costs one restart and no steps.",
     )
+    report_drains_per_run: int = Field(
+        default=2,
+        ge=0,
+        description="A worker's report that names a node (an SDC mismatch, a slow node) is a "
+        "claim by the run's own code: at most this many such drains per run within "
+        "report_drain_window_s; past it the service opens an incident for the on-call and "
+        "drains nothing. Two: a real SDC or slow GPU is rare (1.4% of Llama 3's "
+        "interruptions), so a second one inside a day already says more about the run than "
+        "about the nodes.",
+    )
+    report_drain_window_s: float = Field(
+        default=86400.0, gt=0, description="The window report_drains_per_run counts over."
+    )
     slow_node_margin: float = Field(
         default=1.25,
         gt=1.0,

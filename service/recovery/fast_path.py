@@ -291,8 +291,12 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         failed_groups=failed_groups or {failed or 0},
         min_healthy_groups=min_healthy_groups(run),
     )
-    if incident.signal == sdc.SIGNAL and not sdc.outvoted_by_majority(session, incident):
-        # no majority: every group stopped for the comparison's rollback
+    software_restarts = run.num_restarts - run.num_hardware_restarts
+    if incident.signal == sdc.SIGNAL and (
+        not sdc.outvoted_by_majority(session, incident) or software_restarts >= run.max_restarts
+    ):
+        # no majority: every group stopped for the comparison's rollback (or the run's
+        # restarts are spent, which an SDC report uses: the rollback's path fails the run)
         path, why = RecoveryPath.CLASSIC, ClassicBecause.ROLLBACK
     incident.run_id = incident.run_id or run.id
     incident.recovery_path, incident.classic_because = path, why
@@ -309,7 +313,9 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
                 session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
             )
             jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
-        run.num_hardware_restarts += 1
+        # A failed node is the cluster's; an SDC verdict is the run's own claim
+        # (recovery/claims.py): one of its max_restarts.
+        run.num_hardware_restarts += 0 if incident.signal == sdc.SIGNAL else 1
         run.num_restarts += 1
         granted = spares_granted(session, run, failed, bad)
         spare = _take_spare(session, run, incident, bad) if granted else None
@@ -405,15 +411,13 @@ def judge_group_ended(
     )
     if sdc_report is not None and not for_rollback:
         sdc.distrust_checkpoints_of(session, run, attempt, sdc_report)
-    # An outvoted group's node is at fault (its SDC incident drains it): a hardware
-    # restart, as the incident's own path counts it, not one of the run's max_restarts.
+    # An outvoted group (its SDC incident drains its node) is replaced like a failed one,
+    # and like any report-caused drain it is one of the run's max_restarts (claims.py).
     outvoted = sdc_report is not None
-    budget_left = software_restarts < run.max_restarts or outvoted
-    if path == RecoveryPath.FAST and budget_left and not for_rollback:
+    if path == RecoveryPath.FAST and software_restarts < run.max_restarts and not for_rollback:
         set_stop_reason(attempt, StopReason.SDC if outvoted else StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
         run.num_restarts += 1
-        run.num_hardware_restarts += 1 if outvoted else 0
         from service.config import get_settings
 
         new_group_attempt(session, run, get_settings(), attempt.replica_group, from_disk=False)

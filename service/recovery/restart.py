@@ -45,7 +45,7 @@ def end_attempt_and_restart(
     non-finite value the worker stopped for rolls the run back past it without counting a
     restart (ROLLED_BACK), or stops it where rollbacks did not help (REPEATED_ANOMALY).
     Replicas that disagreed (silent data corruption) roll the run back to before the last
-    clean comparison (SDC), a hardware restart.
+    clean comparison (SDC), one of max_restarts: the run's own report claimed it.
     Returns True if the run will restart.
     """
     if not attempt.state.is_terminal:
@@ -69,8 +69,9 @@ def end_attempt_and_restart(
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if run.state.is_terminal or run.state == RunState.CANCELLING:
         return False
-    # Silent data corruption is bad hardware too: its node is drained like a failed one.
-    hardware = cause in (StopReason.NODE_FAILURE, StopReason.SDC)
+    # Silent data corruption drains its node like a failed one, but only the run's own
+    # report says so (recovery/claims.py): it is one of the run's max_restarts.
+    hardware = cause == StopReason.NODE_FAILURE
     software_restarts = run.num_restarts - run.num_hardware_restarts
     if cause == StopReason.DO_NOT_RETRY:
         set_run_state(

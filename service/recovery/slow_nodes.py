@@ -5,8 +5,9 @@ When a node of a running run is flagged SLOW (service/nodes/stragglers.py) and t
 (StopReason.SLOW_NODE): they checkpoint at their next report and exit 0, as for a
 preemption, so no step is lost. When the job has ended, `after_yield` opens a
 `node:slow` incident for each flagged node of the run; the incident drains it in Slurm and
-swaps in a spare (recovery/move_to_spare.py), as for a failed node, but the attempt was
-already STOPPED: the run's restart counters, hardware or not, stay untouched.
+swaps in a spare (recovery/move_to_spare.py), as for a failed node. The flag comes from the
+run's own timings, a claim (recovery/claims.py): a move is one of the run's max_restarts and
+one of its capped report-caused drains; with either used up the node is only flagged.
 
 A move needs a free spare: without one the run would wait for a node instead of training
 slowly, which costs more, so it stays where it is (the node stays flagged and alerting).
@@ -20,18 +21,18 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.config import Settings, SlowNodePolicy
-from service.models import Attempt, AttemptState, Node, RecoveryAction, Run
+from service.config import Settings, SlowNodePolicy, get_settings
+from service.models import Attempt, AttemptState, Node, Run
 from service.nodes import repository as nodes_repo
 from service.nodes.stragglers import Judged
 
 # A module import: preemption imports this module back (attempt_stopped calls after_yield).
 from service.reconcile import preemption
-from service.recovery.signals import open_incident
+from service.recovery import claims
 from service.recovery.spares import spare_nodes
 from service.runs.lifecycle import record_event
 
-SIGNAL = "node:slow"  # the incidents' signal, and the alert's label
+SIGNAL = claims.SLOW_SIGNAL  # the incidents' signal, and the alert's label
 
 
 def on_flagged(
@@ -54,7 +55,7 @@ def on_flagged(
         move = False
         if settings.slow_node_policy == SlowNodePolicy.FLAG:
             outcome = " (policy flag)"
-        elif why_not := _cannot_move(session, run, attempt):
+        elif why_not := _cannot_move(session, run, attempt, settings):
             outcome = f"; not moved: {why_not}"
         else:
             outcome, move = "; moving to a spare: checkpoint at the next report, then resume", True
@@ -65,11 +66,17 @@ def on_flagged(
     return act
 
 
-def _cannot_move(session: Session, run: Run, attempt: Attempt) -> str | None:
+def _cannot_move(session: Session, run: Run, attempt: Attempt, settings: Settings) -> str | None:
     if attempt.state != AttemptState.RUNNING or attempt.stop_requested_at is not None:
         return "the attempt is already stopping"
     if run.config.get("fault_tolerance"):  # split into replica groups (as planned)
         return "replica-group runs are only flagged"
+    # The run's own timings flagged the node: a claim (recovery/claims.py), so a move is
+    # one of its restarts and one of its capped report-caused drains.
+    if run.num_restarts - run.num_hardware_restarts >= run.max_restarts:
+        return f"its restarts are used up (max_restarts {run.max_restarts})"
+    if claims.drains_left(session, run, settings) == 0:
+        return f"its reports already caused {settings.report_drains_per_run} drains lately"
     if not spare_nodes(session):
         return "no spare free (waiting for one would cost more than training slowly)"
     return None
@@ -80,16 +87,22 @@ def after_yield(session: Session, run: Run, attempt: Attempt) -> list[str]:
     run's nodes still flagged SLOW. Returns their names (none if the flag cleared since:
     the run then resumes where it was)."""
     slow = [n for n in nodes_repo.get_nodes(session, run.nodes) if n.slow_since is not None]
-    for node in slow:
-        open_incident(
+    settings = get_settings()
+    moved = [
+        node.name
+        for node in slow
+        if claims.drain_claimed(
             session,
+            run,
+            settings,
             kind="slow_node",
             signal=SIGNAL,
-            action=RecoveryAction.DRAIN_AND_MOVE,
             node=node.name,
-            run_id=run.id,
             attempt_id=attempt.id,
             message=f"{node.name}: slow ({node.slow_ratio or 0:.2f}x its peers' median "
             f"update time in run {run.id}); drained, run moved to a spare",
         )
-    return [n.name for n in slow]
+    ]
+    if moved:  # a move the run's own reports asked for: one of its max_restarts
+        run.num_restarts += 1
+    return moved

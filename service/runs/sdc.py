@@ -32,15 +32,16 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.models import Attempt, CheckpointState, Incident, RecoveryAction, Run
+from service.config import Settings
+from service.models import Attempt, CheckpointState, Incident, Run
 from service.models.base import utcnow
-from service.recovery.signals import open_incident
+from service.recovery import claims
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.workers.schemas import ErrorReport
 
 REPORT = "worker:sdc"  # the kind the worker reports (worker/reporter.py)
-SIGNAL = "sdc:mismatch"  # the incidents' signal, the Slurm drain reason, the alert's label
+SIGNAL = claims.SDC_SIGNAL  # the incidents' signal, the Slurm drain reason, the alert's label
 
 
 def note_clean_step(run: Run, step: int | None) -> None:
@@ -60,17 +61,20 @@ def forget_clean_steps_after(run: Run, resume_step: int) -> None:
         run.config = {**run.config, "sdc_clean_step": resume_step}
 
 
-def record_report(session: Session, run: Run, attempt: Attempt, report: ErrorReport) -> None:
-    """A worker's `worker:sdc` report: one drain-and-move incident per odd node (only the
-    run's own nodes: a worker's report never drains a node another run holds)."""
-    for node in (n for n in report.nodes if n in run.nodes):
-        open_incident(
+def record_report(
+    session: Session, run: Run, attempt: Attempt, report: ErrorReport, settings: Settings
+) -> None:
+    """A worker's `worker:sdc` report: one drain-and-move incident per odd node, within the
+    run's cap on drains its own reports cause (recovery/claims.py); the names are the
+    attempt's own nodes (workers/service.py refuses others)."""
+    for node in report.nodes:
+        claims.drain_claimed(
             session,
+            run,
+            settings,
             kind="sdc",
             signal=SIGNAL,
-            action=RecoveryAction.DRAIN_AND_MOVE,
             node=node,
-            run_id=run.id,
             attempt_id=attempt.id,
             message=f"{node}: {SIGNAL}: silent data corruption in run {run.id} at step "
             f"{report.step}: {report.message}"[:2000],

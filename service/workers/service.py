@@ -233,15 +233,25 @@ def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Ru
     return run
 
 
-def record_error(session: Session, attempt_id: int, report: ErrorReport) -> None:
+def record_error(
+    session: Session, attempt_id: int, report: ErrorReport, settings: Settings | None = None
+) -> None:
     """Keep what the rank saw on the run's timeline and the node's history.
 
     The restart itself follows from the job ending (the rank exits after reporting): this
-    only makes the cause visible, and never drains the node on its own.
+    only makes the cause visible, and drains only what an SDC report names, within the
+    run's cap (recovery/claims.py). A report names only the attempt's own nodes: a run's
+    code writes no history, and causes no drain, for a node it was not given.
     """
     attempt, run = live_attempt_and_run(session, attempt_id)
-    if report.kind == sdc.REPORT:
-        sdc.record_report(session, run, attempt, report)  # drain the odd nodes
+    for field, names in (("node", [report.node] if report.node else []), ("nodes", report.nodes)):
+        if strangers := sorted(set(names) - set(attempt.nodes)):
+            raise InvalidSpec(
+                f"{field}: {', '.join(strangers)} not among attempt {attempt.id}'s nodes "
+                f"({', '.join(attempt.nodes)})"
+            )
+    if report.kind == sdc.REPORT:  # drain the odd nodes
+        sdc.record_report(session, run, attempt, report, settings or get_settings())
     if report.kind == "worker:do_not_retry":
         # Read when the job ends (reconcile/verdict.py): the run fails instead of retrying.
         # Its own column: the job still runs, so it has no exit code yet.

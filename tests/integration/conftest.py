@@ -205,6 +205,8 @@ def service(
         # Fast failure detection, so the recovery tests finish in seconds.
         "RUNYARD_HEARTBEAT_SUSPECT_S": "4",
         "RUNYARD_HEARTBEAT_DEAD_S": "8",
+        # A node drained for lost heartbeats alone returns after this long of them again.
+        "RUNYARD_HEARTBEAT_RETURN_S": "6",
         "RUNYARD_HANG_MIN_S": "15",
         # Runs with a 1-minute time limit are stopped 45 s before it: 15 s segments.
         "RUNYARD_SEGMENT_STOP_MARGIN_S": "45",
@@ -311,10 +313,11 @@ class Agents:
                 env=env,
             )
 
-    def stop(self, node: str) -> None:
+    def stop(self, node: str, *, kill: bool = False) -> None:
+        """Stop the node's agent: SIGTERM, or SIGKILL (`kill`: no goodbye, as a crash)."""
         proc = self.procs.pop(node, None)
         if proc is not None:
-            proc.terminate()
+            proc.kill() if kill else proc.terminate()
             proc.wait(timeout=10)
 
     def append(self, node: str, line: str) -> None:

@@ -89,21 +89,31 @@ def test_killed_slurmd_is_found_by_slurm_and_the_spare_takes_over(
 def test_a_silent_agent_is_a_lost_heartbeat_and_the_spare_takes_over(
     spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:
-    """The node's agent stops while Slurm still sees the node up: only the heartbeats can
-    tell (dead after RUNYARD_HEARTBEAT_DEAD_S, 8 s in the tests' service)."""
+    """The node's agent is killed while Slurm still sees the node up: only the heartbeats can
+    tell (dead after RUNYARD_HEARTBEAT_DEAD_S, 8 s in the tests' service). Restarted, the
+    agent heartbeats again, and the node, drained for that alone, returns to service by
+    itself once they have lasted RUNYARD_HEARTBEAT_RETURN_S (6 s here): no admin."""
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
     spare = client.get_spares()["members"][0]
     run_id = client.submit_run(tiny_spec("agent-silent", steps=400))["id"]
     training_past_a_commit(client, run_id)
     silent = client.get_run(run_id)["nodes"][1]
-    agents.stop(silent)
+    agents.stop(silent, kill=True)
     try:
         moved_to_the_spare(client, run_id, spare, silent, "heartbeat:lost", "no heartbeat for ")
         state = slurm("sinfo", "-h", "-N", "-n", silent, "-o", "%T", conf=conf).strip()
         assert "down" not in state, f"Slurm saw {silent} {state}: the heartbeat was not alone"
+        assert client.get_node(silent)["state"] == "DRAINED"
         cancel_and_wait(client, run_id)
     finally:
         agents.start(silent)
+    wait_for(
+        f"{silent} back in service",
+        lambda: client.get_node(silent)["state"] == "HEALTHY",
+        timeout_s=60,
+    )
+    state = slurm("sinfo", "-h", "-N", "-n", silent, "-o", "%T", conf=conf).strip()
+    assert "drain" not in state, f"runyard returned {silent} but Slurm still has it {state}"
 
 
 def test_stopped_rank_is_a_hang_and_is_restarted_without_draining(

@@ -4,13 +4,18 @@ Clean comparisons reach the service with the progress reports; a mismatch is rep
 `worker:sdc` with the odd node and the attempt's last clean step, and every rank exits 1.
 The service drains the node with the `sdc:mismatch` signal, swaps in a spare, distrusts the
 checkpoints written after the last clean comparison (CORRUPT) and resumes from the newest
-one before it: a hardware restart, none of max_restarts."""
+one before it. The report is the run's own claim (service/recovery/claims.py): it names only
+the attempt's nodes, each drain is one of max_restarts, and past the run's cap of
+report-caused drains the on-call gets an incident instead of a drain."""
 
 from __future__ import annotations
 
+import pytest
+
 from contract import StopReason
 from service.db import session_scope
-from service.models import CheckpointState, NodeState, RunState
+from service.errors import InvalidSpec
+from service.models import CheckpointState, NodeState, RecoveryAction, RunState
 from service.runs.service import run_goodput, run_out
 from service.workers import service as workers
 from service.workers.schemas import ErrorReport, ProgressReport
@@ -47,7 +52,7 @@ def test_a_mismatch_drains_the_odd_node_and_resumes_before_the_last_clean_compar
     cluster: Cluster,
 ) -> None:
     cluster.set_spares(1)
-    run_id = running(cluster, "sdc", nodes=3, global_batch=12, max_restarts=0, keep_checkpoints=10)
+    run_id = running(cluster, "sdc", nodes=3, global_batch=12, max_restarts=1, keep_checkpoints=10)
     odd = cluster.run(run_id).nodes[1]
     for step in (10, 20, 30, 40):
         cluster.train(run_id, step)
@@ -55,7 +60,13 @@ def test_a_mismatch_drains_the_odd_node_and_resumes_before_the_last_clean_compar
             clean_comparison(cluster, run_id, 20)
     assert cluster.run(run_id).config["sdc_clean_step"] == 20
     other = next(n for n in sorted(cluster.slurm.nodes) if n not in cluster.run(run_id).nodes)
-    report_sdc(cluster, run_id, 45, [odd, other], clean=20)  # `other`: not the run's
+    with pytest.raises(InvalidSpec, match=f"nodes: {other} not among attempt"):
+        report_sdc(cluster, run_id, 45, [odd, other], clean=20)  # `other`: not the run's
+    with pytest.raises(InvalidSpec, match=f"node: {other} not among attempt"), session_scope() as s:
+        # nor writes a line of another node's history
+        nccl = ErrorReport(rank=0, node=other, kind="nccl:remote_error", message="forged")
+        workers.record_error(s, live_attempt_id(cluster, run_id), nccl)
+    report_sdc(cluster, run_id, 45, [odd], clean=20)
     cluster.tick()  # the incident: drain, the attempt ends, a spare takes the node's place
 
     assert cluster.slurm.nodes[odd].drained and "sdc:mismatch" in cluster.slurm.nodes[odd].reason
@@ -69,7 +80,7 @@ def test_a_mismatch_drains_the_odd_node_and_resumes_before_the_last_clean_compar
     run = cluster.run(run_id)
     assert odd not in run.nodes and incident.spare_node in run.nodes
     assert run.state == RunState.PENDING
-    assert (run.num_restarts, run.num_hardware_restarts) == (1, 1)  # max_restarts 0: fine
+    assert (run.num_restarts, run.num_hardware_restarts) == (1, 0)  # one of max_restarts
     # Checkpoints after the clean comparison may hold the corruption: never resumed from.
     assert states(cluster, run_id) == {
         10: CheckpointState.COMMITTED,
@@ -132,3 +143,35 @@ def test_a_clean_comparison_of_an_abandoned_timeline_vouches_for_nothing_after_i
     assert live_attempt_id(cluster, run_id) != second
     assert states(cluster, run_id)[90] == CheckpointState.CORRUPT
     assert cluster.attempts(run_id)[-1].resume_step == 60
+
+
+def test_a_script_reporting_sdc_in_a_loop_drains_at_most_the_cap_and_uses_its_restarts(
+    cluster: Cluster,
+) -> None:
+    """A run's code posts `worker:sdc` naming one of its nodes, attempt after attempt: the
+    first report_drains_per_run (2) drain and move the run; past them the on-call gets an
+    incident and nothing is drained; every SDC restart is one of max_restarts, so the run
+    fails when they are used up instead of walking across the cluster."""
+    assert cluster.settings.report_drains_per_run == 2
+    cluster.set_spares(3)
+    run_id = running(cluster, "sdc-loop", nodes=2, max_restarts=3, keep_checkpoints=10)
+    named: list[str] = []
+    for round_ in range(4):
+        cluster.train(run_id, 10 * (round_ + 1))
+        victim = cluster.run(run_id).nodes[0]
+        named.append(victim)
+        report_sdc(cluster, run_id, 10 * (round_ + 1) + 5, [victim], clean=None)
+        fail_job(cluster, run_id)
+        if cluster.run(run_id).state.is_terminal:
+            break
+        cluster.cycle()
+    drained = [n for n in named if cluster.node(n).state == NodeState.DRAINED]
+    assert drained == named[:2], (named, drained)  # the cap: two drains in the window
+    for node in named[2:]:
+        assert not cluster.slurm.nodes[node].drained
+        capped = [i for i in cluster.incidents(node) if i.signal == "report:drain_cap"]
+        assert capped and all(i.action == RecoveryAction.OBSERVE for i in capped)
+        assert all("on-call" in i.message for i in capped)
+    run = cluster.run(run_id)
+    assert run.num_hardware_restarts == 0 and run.num_restarts == 3
+    assert run.state == RunState.FAILED and "no restarts left" in run.state_reason

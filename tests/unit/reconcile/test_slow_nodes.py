@@ -3,17 +3,19 @@
 Rank 0's progress reports carry each node's slowest rank's update time; a node above 1.25x
 its peers' median (and 0.02 s above it) for 5 consecutive reports is flagged SLOW. With the
 `move` policy (the default) the run is asked to checkpoint and yield (StopReason.SLOW_NODE);
-its clean exit opens a node:slow incident that drains the node and swaps in a spare, with
-no restart counted, hardware or not. With `flag` it is only shown."""
+its clean exit opens a node:slow incident that drains the node and swaps in a spare. The
+flag comes from the run's own timings, a claim (service/recovery/claims.py): the move is one
+of max_restarts, and with none left the node is only flagged. With `flag` it is only shown."""
 
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from contract import StopReason
 from service.config import SlowNodePolicy
 from service.db import session_scope
-from service.models import AttemptState, NodeState, RunState
+from service.models import AttemptState, NodeState, RunEvent, RunState
 from service.nodes.stragglers import judge_report
 from service.observability.state import StateCollector
 from service.workers import service as workers
@@ -90,7 +92,7 @@ def test_a_slow_node_is_flagged_after_five_reports_and_the_run_moves_to_a_spare(
     assert cluster.slurm.nodes[slow].drained and "slow" in cluster.slurm.nodes[slow].reason
     [incident] = cluster.incidents(slow)
     assert incident.signal == "node:slow" and incident.spare_node in run.nodes
-    assert (run.num_restarts, run.num_hardware_restarts) == (0, 0)  # counted as neither
+    assert (run.num_restarts, run.num_hardware_restarts) == (1, 0)  # one of max_restarts
     cluster.slurm.schedule()
     cluster.tick()
     assert cluster.run(run_id).state == RunState.RUNNING
@@ -126,3 +128,20 @@ def test_with_the_flag_policy_or_no_spare_the_run_stays(cluster: Cluster) -> Non
     # Back within the margin: the flag clears.
     report_times(cluster, no_spare, 6, {c: FAST, d: FAST})
     assert cluster.node(d).slow_since is None
+
+
+def test_a_run_with_no_restarts_left_is_only_flagged(cluster: Cluster) -> None:
+    """A slow node is the run's own claim: with max_restarts used up, no move and no drain."""
+    cluster.set_spares(1)
+    run_id = running(cluster, "no-budget", max_restarts=0)
+    a, b = cluster.run(run_id).nodes
+    slow_reports(cluster, run_id, b, a, 5, first=1)
+    assert cluster.node(b).slow_since is not None
+    assert cluster.attempts(run_id)[0].stop_requested_at is None
+    with session_scope() as session:
+        said = session.scalars(
+            select(RunEvent.message).where(
+                RunEvent.run_id == run_id, RunEvent.kind == "recovery.slow_node"
+            )
+        ).all()
+    assert said and "not moved: its restarts are used up (max_restarts 0)" in said[-1], said
