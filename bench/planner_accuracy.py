@@ -1,6 +1,6 @@
 """How close the planner's step-time model comes to published training runs.
 
-Two case files: ../shared/planner_cases.json (eight runs the team shares) and
+Two case files: bench/planner_cases.json (eight published runs, each with its source) and
 bench/planner_cases_edges.json (runs at the model's weakest edges: sequences of 16K-128K
 tokens, and 1B-8B models on many GPUs, plus rows from the same hosts). Each case gives a
 model, a cluster, a layout (parts left out are chosen by the planner) and the throughput
@@ -59,7 +59,7 @@ from planner.plan import PlanError, plan  # noqa: E402
 from planner.schemas import PlanResult  # noqa: E402
 
 CASE_FILES = (
-    REPO_ROOT / ".." / "shared" / "planner_cases.json",
+    REPO_ROOT / "bench" / "planner_cases.json",
     REPO_ROOT / "bench" / "planner_cases_edges.json",
 )
 BEFORE = REPO_ROOT / "bench" / "planner_accuracy_before.json"
