@@ -14,16 +14,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from client.devcluster import accounting, identity, port_claim, postgres
+from client.devcluster import accounting, identity, pg_instance, port_claim, postgres
 from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.port_claim import SERVICE_APP
-from client.devcluster.processes import ProcessTable, Started, is_alive, spawn, stop
+from client.devcluster.processes import ProcessTable, Started, environ_of, is_alive, spawn, stop
 from client.devcluster.render import (
     CONTROLLER_PORT,
     FIRST_SLURMD_PORT,
@@ -36,7 +36,6 @@ from contract.slurm_features import SlurmFeature, SlurmVersion, features_of
 
 SLURM_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", *accounting.ACCOUNTING_PACKAGES]
 MUNGE_DIRS = [Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")]
-DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/runyard"
 
 Progress = Callable[[str], None]
 
@@ -50,14 +49,21 @@ ALWAYS_ALLOWED_NODES = 64
 HEADROOM_MIB = 4096
 AGENTS_MAX_CORES_SHARE = 0.5
 # A cluster on a Slurm prefix listens this far above the packaged one (slurmctld 17817,
-# slurmd 18001..., slurmdbd 17819, MariaDB 17306, the service 9000).
+# slurmd 18001..., slurmdbd 17819, MariaDB 17306, its Postgres 16432, the service 9000).
 PREFIX_PORT_OFFSET = 1000
 
 
+def database_name(slurm_prefix: Path | None) -> str:
+    """runyard; runyard_slurm_24_11 on /opt/slurm-24.11: the name is in the service's Slurm
+    job names (runyard-<database>), which so differ between the two clusters."""
+    if slurm_prefix is None:
+        return "runyard"
+    return "runyard_" + "".join(c if c.isalnum() else "_" for c in slurm_prefix.name)
+
+
 def prefix_database_url(slurm_prefix: Path) -> str:
-    """A cluster on a Slurm prefix keeps its runs and nodes in a database of its own."""
-    name = "runyard_" + "".join(c if c.isalnum() else "_" for c in slurm_prefix.name)
-    return DEFAULT_DATABASE_URL.rsplit("/", 1)[0] + "/" + name
+    """A cluster on a Slurm prefix keeps its runs and nodes in a Postgres of its own."""
+    return DevCluster(default_state_dir(slurm_prefix), slurm_prefix=slurm_prefix).database_url
 
 
 def default_slurm_prefix() -> Path | None:
@@ -72,8 +78,9 @@ def default_service_port() -> int:
 
 
 def default_database_url() -> str:
-    prefix = default_slurm_prefix()
-    return prefix_database_url(prefix) if prefix else DEFAULT_DATABASE_URL
+    """The default dev cluster's database (its own Postgres): what the doctor checks when
+    no RUNYARD_DATABASE_URL says otherwise."""
+    return DevCluster(default_state_dir()).database_url
 
 
 def default_state_dir(slurm_prefix: Path | None = None) -> Path:
@@ -93,16 +100,34 @@ class DevCluster:
     # (RUNYARD_DEV_SLURM), so a test session that restarts that cluster's service after it
     # finds the same port and database `dev up --slurm` gave it.
     service_port: int = field(default_factory=default_service_port)
-    database_url: str = field(default_factory=default_database_url)
+    # Empty: the database on the cluster's own Postgres (own_database), which `up` starts;
+    # a URL: that database instead, on a server someone else runs.
+    database_url: str = ""
     replicas: int = 1  # service processes; more than one sit behind a proxy on service_port
     # A Slurm built into a prefix of its own (scripts/build_slurm.sh) instead of Debian's;
     # its binaries come first on the PATH of everything the cluster starts, and its daemons
     # listen PREFIX_PORT_OFFSET ports above the packaged cluster's, so both can run at once.
     slurm_prefix: Path | None = field(default_factory=default_slurm_prefix)
 
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            object.__setattr__(self, "database_url", self.own_database.url)
+
     @property
     def port_offset(self) -> int:
         return 0 if self.slurm_prefix is None else PREFIX_PORT_OFFSET
+
+    @property
+    def own_database(self) -> pg_instance.Instance:
+        """The cluster's own Postgres, run by the service's user, and its database there."""
+        return pg_instance.Instance(
+            root=self.state_dir / "postgres",
+            port=pg_instance.DEV_PORT + self.port_offset,
+            owner=identity.SERVICE_USER,
+            database=database_name(self.slurm_prefix),
+            role=identity.SERVICE_USER,
+            log=self.state_dir / "log" / "postgres.out",
+        )
 
     @property
     def replica_ports(self) -> list[int]:
@@ -458,12 +483,37 @@ def _service_healthy(url: str) -> bool:
         return False
 
 
+def database_in_use(cluster: DevCluster, table: dict[str, Started], say: Progress) -> DevCluster:
+    """The cluster as its running service has it: a service started before the dev cluster
+    had a Postgres of its own keeps its database (and so do the replicas, agents' tokens and
+    migrations of this `up`) until `runyard dev down && runyard dev up` moves it."""
+    urls = {
+        environ_of(proc.pid).get("RUNYARD_DATABASE_URL")
+        for name, proc in table.items()
+        if name.startswith("service") and is_alive(proc)
+    }
+    older = sorted(url for url in urls if url and url != cluster.database_url)
+    if not older:
+        return cluster
+    say(
+        "the service runs on the database it was started with; `runyard dev down && runyard "
+        f"dev up` moves it to the dev cluster's own Postgres ({cluster.own_database.root})"
+    )
+    return replace(cluster, database_url=older[0])
+
+
 def _start_service(
     cluster: DevCluster, table: dict[str, Started], shape: ClusterShape, say: Progress
 ) -> None:
-    say("making sure Postgres runs and the database is migrated")
-    postgres.ensure_running()
-    postgres.ensure_database(cluster.database_url)
+    cluster = database_in_use(cluster, table, say)
+    if cluster.database_url == cluster.own_database.url:
+        say("making sure the dev cluster's Postgres runs and the database is migrated")
+        pg_instance.ensure(cluster.own_database, table, _wait)
+        cluster.table.save(table)
+    else:
+        say("making sure Postgres runs and the database is migrated")
+        postgres.ensure_running()
+        postgres.ensure_database(cluster.database_url)
     postgres.migrate(cluster.database_url, env=cluster.service_env())
     _mint_tokens(cluster, shape)
     _check_replica_count(cluster, table)
@@ -575,13 +625,17 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
     """Stop what `up` started, newest first. Returns the names that were running."""
     cluster = cluster or DevCluster(default_state_dir())
     table = cluster.table.load()
-    # Clients before servers: agents and the service, the nodes, the controller, then the
-    # accounting daemon and its database, munge last.
-    last = ["slurmd:", "slurmctld", "slurmdbd", "mariadb", "munged"]
+    # Clients before servers: agents and the service, then the service's database, the
+    # nodes, the controller, then the accounting daemon and its database, munge last.
+    last = [pg_instance.PROCESS_NAME, "slurmd:", "slurmctld", "slurmdbd", "mariadb", "munged"]
     order = sorted(
         table, key=lambda n: (next((i for i, p in enumerate(last) if n.startswith(p)), -1), n)
     )
-    stopped = [name for name in order if stop(table[name])]
+    stopped = [
+        name
+        for name in order
+        if (pg_instance.shut_down if name == pg_instance.PROCESS_NAME else stop)(table[name])
+    ]
     for name in stopped:
         say(f"stopped {name}")
     cluster.table.save({})

@@ -100,11 +100,13 @@ class MlflowServer:
             self.process.wait()
 
 
-def dev_server(database_url: str, state_dir: Path, port: int = DEFAULT_PORT) -> MlflowServer:
-    """The dev cluster's server: database runyard_mlflow, artifacts under the state folder."""
+def dev_server(state_dir: Path, port: int = DEFAULT_PORT) -> MlflowServer:
+    """The dev cluster's server: database runyard_mlflow on this machine's Postgres, where
+    it always was (the dev cluster's own Postgres serves the service's role alone, and `dev
+    up --with mlflow` starts MLflow before it), artifacts under the state folder."""
     return MlflowServer(
         port=port,
-        store_uri=backend_store_uri(database_url, "runyard_mlflow"),
+        store_uri=backend_store_uri(postgres.SYSTEM_SERVER_URL, "runyard_mlflow"),
         artifacts=state_dir / "mlflow-artifacts",
         log=state_dir / "log" / "mlflow.out",
     )
@@ -114,11 +116,12 @@ def pid_file(state_dir: Path) -> Path:
     return state_dir / "mlflow.pid"
 
 
-def ensure_dev_server(database_url: str, state_dir: Path) -> MlflowServer:
+def ensure_dev_server(runyard_database_url: str, state_dir: Path) -> MlflowServer:
     """The dev cluster's server, started unless it answers already; its URL is put in this
-    process's environment, which the service `dev up` starts next inherits."""
+    process's environment, which the service `dev up` starts next inherits. MLflow's
+    database no longer follows runyard's (`runyard_database_url`, which the CLI passes)."""
     postgres.ensure_running()
-    server = dev_server(database_url, state_dir)
+    server = dev_server(state_dir)
     server.log.parent.mkdir(parents=True, exist_ok=True)
     if not server.healthy():
         server.start()

@@ -14,6 +14,12 @@ from sqlalchemy.engine import URL, make_url
 
 from client.devcluster.paths import REPO_ROOT
 
+# This machine's own Postgres (Debian's cluster), as its superuser: the tests', the benches'
+# and MLflow's databases. It trusts every role over 127.0.0.1, so nothing that guards whom
+# runs run as lives there: the dev cluster's service has a Postgres of its own
+# (client/devcluster/pg_instance.py).
+SYSTEM_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
 
 class PostgresUnavailable(RuntimeError):
     """Postgres could not be installed, started or reached."""
@@ -26,8 +32,8 @@ def _clusters() -> list[tuple[str, str, str]]:
     return [(r[0], r[1], r[3]) for r in rows]
 
 
-def ensure_running() -> None:
-    """Install Postgres with apt-get if missing, then start every stopped local cluster."""
+def ensure_installed() -> None:
+    """Install Debian's Postgres (server and client) with apt-get if it is missing."""
     if shutil.which("pg_lsclusters") is None:
         subprocess.run(["apt-get", "update", "-qq"], check=True)
         subprocess.run(
@@ -35,6 +41,11 @@ def ensure_running() -> None:
             check=True,
             env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         )
+
+
+def ensure_running() -> None:
+    """Install Postgres with apt-get if missing, then start every stopped local cluster."""
+    ensure_installed()
     for version, name, status in _clusters():
         if status != "online":
             subprocess.run(

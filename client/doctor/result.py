@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client.devcluster.cluster import DEFAULT_DATABASE_URL, default_state_dir
+from client.devcluster.cluster import default_database_url, default_state_dir
 
 SITE_SETTINGS_FILE = Path("/etc/runyard/runyard.env")
 
@@ -97,7 +97,7 @@ class SiteSettings:
         url = values.get("RUNYARD_URL") or values.get("RUNYARD_PUBLIC_URL")
         return cls(
             service_url=url or f"http://127.0.0.1:{port}",
-            database_url=values.get("RUNYARD_DATABASE_URL", DEFAULT_DATABASE_URL),
+            database_url=values.get("RUNYARD_DATABASE_URL") or default_database_url(),
             slurm_conf=values.get("RUNYARD_SLURM_CONF") or values.get("SLURM_CONF"),
             partition=values.get("RUNYARD_PARTITION", "train"),
             checkpoint_root=Path(checkpoints),

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, make_url
 
 from client.api import ApiError, RunyardClient
 from client.devcluster.paths import REPO_ROOT
+from client.doctor.database import bare_conninfo, check_local_users_refused
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
 
 PG, FS, AGENTS = Area.POSTGRES, Area.FILESYSTEM, Area.AGENTS
@@ -54,14 +55,14 @@ def check_postgres(settings: SiteSettings) -> list[Check]:
             skipped(PG, "migrated", "Postgres unreachable"),
         ]
     reachable = passed(PG, "reachable", where)
-    guarded = _password_required(url)
+    guarded = [_password_required(url), check_local_users_refused(settings.database_url)]
     have, want = {r[0] for r in rows}, migration_heads()
     if have == want:
         migrated = passed(PG, "migrated", f"at head ({', '.join(sorted(want))})")
-        return [reachable, guarded, migrated]
+        return [reachable, *guarded, migrated]
     return [
         reachable,
-        guarded,
+        *guarded,
         failed(
             PG,
             "migrated",
@@ -76,10 +77,12 @@ def check_postgres(settings: SiteSettings) -> list[Check]:
 def _password_required(url: URL) -> Check:
     """Postgres must not let the service's role in without its password: whoever connects
     as it can rewrite whom every run runs as (docs/install.md, "The database must not
-    trust local users"). Tried from here, the service's host, without the password."""
-    bare = url.set(drivername="postgresql", password=None).render_as_string(hide_password=False)
+    trust local users"). Tried from here, the service's host, without the password (nor
+    the password file the URL may name: the dev cluster's does)."""
     try:
-        with psycopg.connect(bare, connect_timeout=5):
+        with psycopg.connect(
+            bare_conninfo(url), password="", passfile="/nonexistent", connect_timeout=5
+        ):
             pass
     except psycopg.Error:
         return passed(PG, "password required", f"{url.username} needs its password")
@@ -90,7 +93,7 @@ def _password_required(url: URL) -> Check:
         f"Postgres let {url.username} in without a password from this host: anyone who can "
         "reach it as that role can change whom runs run as",
         "give the role a password (scram-sha-256) and remove the trust lines of pg_hba.conf "
-        "(docs/install.md); the dev cluster trusts 127.0.0.1 on purpose",
+        "(docs/install.md); dev cluster: `runyard dev down && runyard dev up` (its own Postgres)",
     )
 
 
