@@ -17,20 +17,22 @@ from typing import Any
 
 import pytest
 
-from client.devcluster import cluster, postgres
+from client.devcluster import cluster, pg_instance, postgres
 from client.devcluster.cluster import DevCluster
-from client.devcluster.processes import stop
+from client.devcluster.identity import SERVICE_USER
+from client.devcluster.processes import Started, stop
 from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, TEST_DATABASE, mint_token, wait_for
 from tests.integration.conftest import Agents, ServiceProcess, free_port, service_state_dir
 
 pytestmark = pytest.mark.integration
 RUNYARD = Path(sys.executable).parent / "runyard"  # the installed CLI, as a site runs it
-DOCTOR_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}_doctor"
 
 
 class Site:
-    def __init__(self, service: ServiceProcess, agents: Agents, dev: DevCluster, root: Path):
-        self.service, self.agents, self.dev = service, agents, dev
+    def __init__(
+        self, service: ServiceProcess, agents: Agents, dev: DevCluster, root: Path, db: str
+    ):
+        self.service, self.agents, self.dev, self.database_url = service, agents, dev, db
         self.checkpoints = root / "checkpoints"
         self.checkpoints.mkdir(exist_ok=True)  # the state folder's shared root (issue 28)
 
@@ -39,7 +41,7 @@ class Site:
             **os.environ,
             "RUNYARD_URL": self.service.url,
             "RUNYARD_TOKEN": self.service.admin_token,
-            "RUNYARD_DATABASE_URL": DOCTOR_DATABASE_URL,
+            "RUNYARD_DATABASE_URL": self.database_url,
             "SLURM_CONF": str(self.dev.slurm_conf),
             "RUNYARD_CHECKPOINT_ROOT": str(self.checkpoints),
         }
@@ -70,9 +72,22 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = service_state_dir("doctor")
-    postgres.fresh_database(DOCTOR_DATABASE_URL)
+    # A database as a site keeps it (and as the dev cluster does): a server of its own that
+    # asks every local user for a password (client/devcluster/pg_instance.py), which the
+    # doctor's "local users refused" check wants; the machine's own Postgres trusts all.
+    database = pg_instance.Instance(
+        root=root / "postgres",
+        port=free_port(),
+        owner=SERVICE_USER,
+        database="runyard",
+        role=SERVICE_USER,
+        log=root / "log" / "postgres.out",
+    )
+    table: dict[str, Started] = {}
+    pg_instance.ensure(database, table, wait_for)
+    postgres.migrate(database.url)
     token = mint_token(
-        DOCTOR_DATABASE_URL,
+        database.url,
         root / "admin.token",
         user="admin",
         team="ops",
@@ -82,7 +97,7 @@ def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
     port = free_port()
     env = {
         **os.environ,
-        "RUNYARD_DATABASE_URL": DOCTOR_DATABASE_URL,
+        "RUNYARD_DATABASE_URL": database.url,
         "RUNYARD_PORT": str(port),
         "RUNYARD_STATE_DIR": str(root),
         "RUNYARD_SLURM_CONF": str(slurm_cluster.slurm_conf),
@@ -105,11 +120,11 @@ def site(slurm_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
         "every agent's first heartbeat",
         lambda: all(n["last_heartbeat_at"] for n in client.list_nodes()),
     )
-    yield Site(service, agents, slurm_cluster, root)
+    yield Site(service, agents, slurm_cluster, root, database.url)
     for node in list(agents.procs):
         agents.stop(node)
     service.stop()
-    postgres.drop_database(DOCTOR_DATABASE_URL)
+    pg_instance.shut_down(table[pg_instance.PROCESS_NAME])
 
 
 def test_doctor_says_a_healthy_dev_cluster_is_healthy(site: Site) -> None:
@@ -178,7 +193,8 @@ def test_doctor_names_a_stopped_slurmctld(site: Site) -> None:
 
 def hook_env(site: Site, tmp_path: Path, node: str, **extra: str) -> dict[str, str]:
     """What deploy/'s scripts see on a node: /etc/runyard/agent.env's settings (a file of the
-    test's own) and runyard installed at RUNYARD_HOME (this checkout's virtualenv)."""
+    test's own, root's, as the hooks require) and runyard installed at RUNYARD_HOME (this
+    checkout's virtualenv); the health check's own folder in the test's."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     if not (home / "venv").exists():
@@ -187,6 +203,7 @@ def hook_env(site: Site, tmp_path: Path, node: str, **extra: str) -> dict[str, s
     env_file.write_text(
         f"RUNYARD_NODE={node}\nRUNYARD_HOME={home}\nRUNYARD_KERNEL_LOG={tmp_path / 'kern.log'}\n"
         f"RUNYARD_AGENT_STATE_ROOT={site.agents.root}\n"
+        f"RUNYARD_HEALTHCHECK_STATE_ROOT={tmp_path / 'healthcheck'}\n"
     )
     return {
         **os.environ,
