@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.config import get_settings
 from service.db import session_scope
 from service.observability.logging import bind, ids_from_path, log_context
 from service.observability.metrics import API_LATENCY, REGISTRY, register_state_collector
@@ -92,7 +93,7 @@ async def bind_request_ids(request: Request) -> None:
 
 def install_observability(app: FastAPI) -> None:
     """Add the request middleware and the /metrics endpoint to `app`."""
-    register_state_collector(StateCollector(session_scope))
+    register_state_collector(StateCollector(session_scope, get_settings().goodput_low_after_s))
     app.add_middleware(RequestObservability)
     # A router-wide dependency runs before every endpoint included after this call.
     app.router.dependencies.append(Depends(bind_request_ids))

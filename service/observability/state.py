@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.config import Settings
 from service.models import Attempt, Incident, Node, NodeState, Run, RunState
 from service.models.base import utcnow
 from service.recovery.signals import OPEN_STATES
@@ -24,6 +25,7 @@ from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.repository import checkpoints
 
 log = logging.getLogger(__name__)
+GOODPUT_LOW_AFTER_S = float(Settings.model_fields["goodput_low_after_s"].default)
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
 
@@ -35,8 +37,11 @@ class StateCollector(Collector):
     """Yields the state gauges; `runyard_database_up` is 0 (and nothing else) when Postgres
     cannot be read, so an alert can tell "Postgres down" from "no runs"."""
 
-    def __init__(self, session_factory: SessionFactory) -> None:
+    def __init__(
+        self, session_factory: SessionFactory, goodput_low_after_s: float = GOODPUT_LOW_AFTER_S
+    ) -> None:
         self.session_factory = session_factory
+        self.goodput_low_after_s = goodput_low_after_s
 
     def collect(self) -> Iterator[Metric]:
         up = _gauge("runyard_database_up", "1 if the service could read Postgres at scrape time.")
@@ -142,40 +147,38 @@ class StateCollector(Collector):
         yield age
 
     def _running_runs(self, session: Session) -> Iterator[Metric]:
-        labels = ["run_id", "run_name"]
-        goodput = _gauge(
-            "runyard_run_goodput_ratio",
-            "Productive share of the time a running run has held its GPUs so far.",
-            labels,
-        )
-        budget = _gauge(
-            "runyard_run_goodput_budget_ratio",
-            "The goodput the planner expected for the run (its failure budget).",
-            labels,
-        )
-        allocated = _gauge(
-            "runyard_run_allocated_seconds", "Time a running run has held its nodes.", labels
+        # /metrics answers anyone who can reach the service (Prometheus scrapes it without a
+        # token), so nothing here names a run or a team: figures over all running runs only.
+        # Each run's own goodput and MFU are in the API, for its team (`runyard run show`).
+        below = _gauge(
+            "runyard_runs_below_goodput_budget",
+            "Running runs whose goodput so far is below the plan's, once they have held their "
+            "nodes for RUNYARD_GOODPUT_LOW_AFTER_S (start-up counts as lost time): the "
+            "judgement goodput.low notifications make, counted.",
         )
         mfu = _gauge(
-            "runyard_run_mfu_ratio",
-            "Model FLOPs utilisation of the last reported step (PaLM convention, the plan's GPUs).",
-            labels,
+            "runyard_running_mfu_ratio",
+            "Model FLOPs utilisation of the running runs' last reported steps (PaLM "
+            "convention), each run weighted by its GPUs; absent when none reported.",
         )
         running = session.scalars(
             select(Run).where(Run.state == RunState.RUNNING).order_by(Run.id)
         ).all()
+        num_below, flops, gpus = 0, 0.0, 0
         for run in running:
-            key = [str(run.id), run.name]
             attempts = session.scalars(
                 select(Attempt).where(Attempt.run_id == run.id).order_by(Attempt.number)
             ).all()
             figures = compute_goodput(run, attempts, checkpoints(session, run.id))
-            allocated.add_metric(key, figures.allocated_s)
-            if figures.goodput is not None:
-                goodput.add_metric(key, figures.goodput)
             plan = run.config.get("plan") or {}
-            if "goodput" in plan:
-                budget.add_metric(key, plan["goodput"])
+            judged = figures.allocated_s >= self.goodput_low_after_s
+            if judged and figures.goodput is not None and "goodput" in plan:
+                num_below += figures.goodput < float(plan["goodput"])
             if (value := achieved_mfu(plan, run.tokens_per_s)) is not None:
-                mfu.add_metric(key, value)
-        yield from (goodput, budget, allocated, mfu)
+                run_gpus = run.num_nodes * run.gpus_per_node
+                flops, gpus = flops + value * run_gpus, gpus + run_gpus
+        below.add_metric([], num_below)
+        yield below
+        if gpus:
+            mfu.add_metric([], flops / gpus)
+        yield mfu
