@@ -245,7 +245,8 @@ def decide(
     shape, resolved = resolve(spec, settings, owner, calibration)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
-    if (problem := trackers_unavailable(spec.tracking, settings)) is not None:
+    team = principal.team if principal is not None else None
+    if (problem := trackers_unavailable(spec.tracking, settings, session, team)) is not None:
         raise InvalidSpec(problem)
     return shape, resolved
 

@@ -1,5 +1,6 @@
 """TensorBoard: event files under <tensorboard_root>/<team>/<run id>-<name>/, written with
-TensorBoard's own event-file writer and protos (no TensorFlow, no torch).
+TensorBoard's own event-file writer and protos (no TensorFlow, no torch); folders 0750 and
+files 0640 (service/tracking/folders.py).
 
 Each figure is a scalar at its step; events and the end are text entries (TensorBoard's
 text plugin) tagged `runyard/events` and `runyard/final`. A service restart writes a new
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config import Settings
+from service.tracking.folders import private_files, team_folder
 from service.tracking.records import FinalSummary, Held, StepRow, TrackedEvent, TrackedRun
 
 EVENTS_TAG = "runyard/events"
@@ -61,8 +63,9 @@ class TensorBoardSink:
         if key in self._writers:
             return key, False
         created = not (folder.is_dir() and any(folder.glob("events.out.tfevents.*")))
-        folder.mkdir(parents=True, exist_ok=True)
+        team_folder(self.root, run.team or "default", run.folder_name)
         self._writers[key] = EventFileWriter(key, max_queue_size=1000, flush_secs=3600)
+        private_files(folder, "events.out.tfevents.*")  # the writer made its file just now
         if created:
             text = "\n".join(f"{k}: {v}" for k, v in sorted(run.params.items()))
             self._write(key, [self._text(PARAMS_TAG, text)], step=0)

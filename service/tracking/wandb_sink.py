@@ -1,6 +1,8 @@
 """Weights & Biases: one W&B run per runyard run, id `runyard-<run id>`, resumed across
 attempts and service restarts; offline by default (run folders under
-<wandb_dir>/<team>/wandb/, for `wandb sync`), online where the site sets it.
+<wandb_dir>/<team>/wandb/, for `wandb sync`; the team's folder 0750 and setgid, so what
+wandb writes under it is no one else's: service/tracking/folders.py), online where the site
+sets it.
 
 Each step is a history row at its step; events are W&B alerts titled with their event id;
 the end is the run's summary and exit code. What the run already holds is read back from
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config import Settings
+from service.tracking.folders import team_folder
 from service.tracking.records import FinalSummary, Held, StepRow, TrackedEvent, TrackedRun
 from service.tracking.wandb_log import read_run, run_files
 
@@ -64,8 +67,7 @@ class WandbSink:
         run_id = run.wandb_id
         if run_id in self._runs:
             return run_id, False
-        folder = self.folder(run)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = team_folder(self.root, run.team or "default")
         held = run_files(folder, run_id)
         created = not held
         wait_for_a_new_folder_name(held, run_id)

@@ -159,8 +159,9 @@ def test_trackers_and_notifications_survive_node_losses_outages_and_restarts(
     hook = client.add_notification(receiver.url, ["incident.opened", "run.succeeded"], "json")
     receiver.fail_next = [500, 500, 500]
     tracking = {
-        "mlflow": {"experiment": "trackers-it"},
-        "wandb": {"project": "trackers-it"},
+        # In the admin team's namespace (ops): ops/... in MLflow, ops-... in W&B.
+        "mlflow": {"experiment": "ops/trackers-it"},
+        "wandb": {"project": "ops-trackers-it"},
         "tensorboard": True,
     }
     spec = tiny_spec("tracked", steps=STEPS, max_restarts=3, tracking=tracking)
@@ -240,7 +241,7 @@ def test_trackers_and_notifications_survive_node_losses_outages_and_restarts(
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(mlflow_server.url)
-    experiment = mlflow.get_experiment_by_name("trackers-it")
+    experiment = mlflow.get_experiment_by_name("ops/trackers-it")
     found = mlflow.search_runs(
         [experiment.experiment_id], filter_string=f"tags.`runyard.run_id` = '{run_id}'"
     )
