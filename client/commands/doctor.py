@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from client.doctor.hooks import check_hooks
 from client.doctor.identity import check_identity
 from client.doctor.result import Area, Check, SiteSettings, Status
 from client.doctor.site import check_agents, check_filesystem, check_postgres
@@ -25,6 +26,7 @@ def run_checks(settings: SiteSettings, areas: set[Area]) -> list[Check]:
     if Area.SLURM in areas:
         checks += check_slurm(settings)
         slurm_up = checks[0].status is not Status.FAIL
+        checks += check_hooks(settings, slurm_up)  # what slurmd runs as root
     if Area.POSTGRES in areas:
         checks += check_postgres(settings)
     if Area.FILESYSTEM in areas:

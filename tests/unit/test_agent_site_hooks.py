@@ -28,16 +28,14 @@ def test_reset_xids_are_the_services_drain_rows() -> None:
 
 
 def test_health_check_reads_only_new_lines_and_only_reset_class_signals(tmp_path: Path) -> None:
-    log, position = tmp_path / "kern.log", tmp_path / "state" / "pos.json"
+    log, state = tmp_path / "kern.log", tmp_path / "state"
     log.write_text(f"boot\n{XID_13}\n{XID_79}\n")
-    found = kernel_problems(log, position)
+    found = kernel_problems(log, state)
     assert [p.what for p in found] == ["xid 79 on PCI:0000:3b:00"]
-    assert kernel_problems(log, position) == []  # the same line is not reported twice
+    assert kernel_problems(log, state) == []  # the same line is not reported twice
     with log.open("a") as f:
         f.write(f"{SXID_FATAL}\nhalf a line")
-    assert [p.what for p in kernel_problems(log, position)] == [
-        "sxid:fatal 20034 on PCI:0000:8a:00.0"
-    ]
+    assert [p.what for p in kernel_problems(log, state)] == ["sxid:fatal 20034 on PCI:0000:8a:00.0"]
 
 
 def test_drain_reason_carries_the_prefix_and_fits() -> None:
