@@ -85,6 +85,20 @@ class Settings(BaseSettings):
         default="127.0.0.1",
         description="The address compute nodes reach this host at for the lighthouse.",
     )
+    lighthouse_bind_addr: str | None = Field(
+        default=None,
+        description="The address lighthouses listen on: one of this host's, on the network "
+        "the compute nodes use (default: RUNYARD_LIGHTHOUSE_HOST, where the ranks reach it). "
+        "A lighthouse has no authentication, and whoever joins its quorum can make a group "
+        "heal from them (torchft unpickles what a peer sends): never 0.0.0.0 or ::.",
+    )
+    lighthouse_ports: str = Field(
+        default="",
+        pattern=r"^(\d{1,5}-\d{1,5})?$",
+        description="LOW-HIGH: the ports lighthouses listen on (one per replica-group run), "
+        "for a firewall rule that lets only the compute nodes reach them; empty: any free "
+        "port the kernel picks.",
+    )
     run_reconciler: bool = Field(
         default=True, description="Run the background reconcile loop inside the API process."
     )
@@ -326,6 +340,15 @@ class Settings(BaseSettings):
                 ip_network(cidr, strict=False)
             except ValueError as exc:
                 raise ValueError(f"{cidr!r} is not a network (e.g. 10.20.0.0/24): {exc}") from exc
+        return text
+
+    @field_validator("lighthouse_ports")
+    @classmethod
+    def _port_range(cls, text: str) -> str:
+        if text:
+            low, high = (int(port) for port in text.split("-"))
+            if not 1 <= low <= high <= 65535:
+                raise ValueError(f"{text!r}: want LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
         return text
 
     @property

@@ -12,6 +12,13 @@ managers reconnect on their next quorum).
 
 The service never imports torch: it runs the `torchft_lighthouse` executable that the
 torchft wheel installs.
+
+Where it listens: a lighthouse has no authentication, and the quorum it hands out names
+each member's manager, from which a group that is behind heals by unpickling what it is
+sent. So it listens only on the address the ranks reach it at (RUNYARD_LIGHTHOUSE_BIND_ADDR,
+default RUNYARD_LIGHTHOUSE_HOST), never on every address of the host, and on a port from
+RUNYARD_LIGHTHOUSE_PORTS when a site's firewall names one range (docs/install.md, "Who a
+run runs as").
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import select
@@ -51,10 +59,60 @@ def _executable(settings: Settings) -> str:
     return shutil.which(settings.lighthouse_command) or settings.lighthouse_command
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+class NoLighthousePort(RuntimeError):
+    """Every port of RUNYARD_LIGHTHOUSE_PORTS is taken on the bind address."""
+
+
+def bind_host(settings: Settings) -> str:
+    """The one address lighthouses listen on: the site's choice, else where ranks reach it."""
+    return settings.lighthouse_bind_addr or settings.lighthouse_host
+
+
+def socket_address(host: str, port: int) -> str:
+    """`host:port` as torchft's --bind takes it (an IPv6 literal in brackets)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _candidate_ports(settings: Settings, run_id: int) -> Iterator[int]:
+    """The site's range, starting at a run's own offset (fewer collisions between runs
+    started together); just 0 (the kernel picks) without a range."""
+    if not settings.lighthouse_ports:
+        yield 0
+        return
+    low, high = (int(port) for port in settings.lighthouse_ports.split("-"))
+    span = high - low + 1
+    for i in range(span):
+        yield low + (run_id + i) % span
+
+
+def _free_port(settings: Settings, run_id: int) -> int:
+    host = bind_host(settings).strip("[]")
+    for port in _candidate_ports(settings, run_id):
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.bind(address)
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise NoLighthousePort(
+        f"no free port in RUNYARD_LIGHTHOUSE_PORTS={settings.lighthouse_ports} on {host}"
+    )
+
+
+def lighthouse_argv(settings: Settings, min_replicas: int, port: int) -> list[str]:
+    """The lighthouse's command line: bound to one address, with runyard's timeouts."""
+    return [
+        _executable(settings),
+        "--bind",
+        socket_address(bind_host(settings), port),
+        "--min_replicas",
+        str(min_replicas),
+        "--join_timeout_ms",
+        str(JOIN_TIMEOUT_MS),
+        "--heartbeat_timeout_ms",
+        str(HEARTBEAT_TIMEOUT_MS),
+    ]
 
 
 def is_alive(pid: int | None) -> bool:
@@ -70,29 +128,19 @@ def is_alive(pid: int | None) -> bool:
 
 def start(settings: Settings, run_id: int, min_replicas: int, port: int | None) -> tuple[str, int]:
     """Start a lighthouse for one run; returns (address for the ranks, process id)."""
-    port = port or _free_port()
+    port = port or _free_port(settings, run_id)
     # The service's own folder: in the shared jobs root, a user could plant a link there.
     folder = settings.service_dir / "lighthouses"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"run-{run_id}.log", "ab") as out:
         process = subprocess.Popen(
-            [
-                _executable(settings),
-                "--bind",
-                f"[::]:{port}",
-                "--min_replicas",
-                str(min_replicas),
-                "--join_timeout_ms",
-                str(JOIN_TIMEOUT_MS),
-                "--heartbeat_timeout_ms",
-                str(HEARTBEAT_TIMEOUT_MS),
-            ],
+            lighthouse_argv(settings, min_replicas, port),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # survives a restart of the service
         )
-    return f"http://{settings.lighthouse_host}:{port}", process.pid
+    return f"http://{socket_address(settings.lighthouse_host, port)}", process.pid
 
 
 def stop(pid: int) -> None:
