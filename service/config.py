@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -362,8 +363,9 @@ class Settings(BaseSettings):
     def slurm_job_prefix(self) -> str:
         if self.job_prefix:
             return self.job_prefix
-        database = self.database_url.rsplit("/", 1)[-1].split("?")[0]
-        return f"runyard-{database}"
+        # The database's name, not the URL's tail: a URL may carry a query (the dev
+        # cluster's names its password file: ?passfile=...).
+        return f"runyard-{make_url(self.database_url).database or 'runyard'}"
 
     @property
     def slow_node_floor_s(self) -> float:
