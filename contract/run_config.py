@@ -16,15 +16,6 @@ from .model_shape import ModelShape
 Figure = Literal["loss", "grad_norm"]
 
 
-# The longest a worker waits between tries of a progress report the service did not take
-# (its waits double from the report interval up to this), and how long one try may take.
-# The service's hang check allows both after any time it could not record reports
-# (service/recovery/hangs.py): a worker that kept failing during an outage delivers again
-# within their sum once the service is back.
-MAX_REPORT_BACKOFF_S = 30.0
-REPORT_REQUEST_TIMEOUT_S = 10.0
-
-
 class ResumePoint(Frozen):
     """The newest COMMITTED checkpoint a new attempt starts from."""
 

@@ -6,8 +6,9 @@ with torchrun by hand, or name it in a run spec and runyard launches it on every
 
     entrypoint: {script: examples/ddp_train.py, args: ["--checkpoint-every", "20"]}
 
-The only runyard import is the client library, which says where to resume from, takes the
-progress and checkpoint reports, and says when to stop (cancel, preemption, time limit).
+The only runyard import is runyard-client (`runyard_client`, which installs alone into the
+script's own environment): it says where to resume from, takes the progress and checkpoint
+reports, and says when to stop (cancel, preemption, time limit).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from runyard_client import connect
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from worker.client import connect
 
 
 class ByteModel(nn.Module):

@@ -36,8 +36,11 @@ fi
 echo "bootstrap: installing runyard[worker,dev,tracking] (torch==2.13.0) into $VENV"
 "$VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 # torch is pinned in pyproject.toml (runyard[worker]); pip takes the CPU build from the
-# local wheel cache where one exists.
-"$VENV/bin/pip" install -q -e '.[worker,dev,tracking]' 2>&1 | grep -v "is ignored" || true
+# local wheel cache where one exists. runyard-client (runyard-client/: the library teams'
+# own scripts import, a distribution of its own that installs alone) is on no index: it is
+# installed in the same call, which satisfies runyard's dependency on it.
+"$VENV/bin/pip" install -q -e ./runyard-client -e '.[worker,dev,tracking]' 2>&1 \
+  | grep -v "is ignored" || true
 # The dev cluster's MLflow tracking server (`runyard dev up --with mlflow`, and the tracker
 # tests) runs from a virtual environment of its own: the full `mlflow` package pins
 # pyarrow<26 and graphene 3 (graphql-core<3.3), which conflict with datasets' pyarrow and
@@ -49,5 +52,5 @@ if [[ ! -x "$MLFLOW_VENV/bin/mlflow" ]]; then
   "$MLFLOW_VENV/bin/pip" install -q 'mlflow==3.17.2' 'psycopg[binary]>=3.1' 2>&1 \
     | grep -v "is ignored" || true
 fi
-"$VENV/bin/python" -c "import torch, torchft, mlflow, wandb, tensorboard, service, worker, client" \
+"$VENV/bin/python" -c "import torch, torchft, mlflow, wandb, tensorboard, service, worker, client, runyard_client" \
   || { echo "bootstrap: the install failed; see pip's output above" >&2; exit 1; }

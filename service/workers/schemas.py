@@ -37,6 +37,14 @@ class NodeUpdateTimes(_In):
     update_s: dict[str, float] = Field(max_length=1280, description="node name -> seconds")
 
 
+class ProtocolRange(BaseModel):
+    """The worker protocol versions this service speaks (runyard-client's PROTOCOL_VERSION):
+    a client asks at connect() and refuses a service that does not speak its own."""
+
+    oldest: int = Field(ge=1, description="The oldest runyard-client protocol still answered.")
+    newest: int = Field(ge=1, description="The protocol of the runyard-client it ships with.")
+
+
 class ProgressReport(_In):
     rank: int = Field(ge=0)
     node: str = Field(default="", max_length=64)

@@ -51,6 +51,8 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/v1/nodes/{name}"): USERS,
     ("POST", "/v1/nodes/{name}/heartbeat"): AGENTS,
     ("POST", "/v1/nodes/{name}/events"): AGENTS,
+    # The worker protocol versions the service speaks: runyard-client asks before its token.
+    ("GET", "/v1/worker/protocol"): PUBLIC,
     ("GET", "/v1/worker/attempts/{attempt_id}/config"): WORKERS,
     ("POST", "/v1/worker/attempts/{attempt_id}/progress"): WORKERS,
     ("POST", "/v1/worker/attempts/{attempt_id}/checkpoints"): WORKERS,
