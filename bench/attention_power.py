@@ -21,6 +21,7 @@ never sets it.
     .venv/bin/python bench/attention_power.py               # on a GPU node (skips without CUDA)
     .venv/bin/python bench/attention_power.py --device cpu --seq 512 --seconds 0.2 \
         --hardware h100-sxm                                   # the logic (CPU speeds)
+    .venv/bin/python bench/attention_power.py --smoke   # the same at 64 queries: seconds
 """
 
 from __future__ import annotations
@@ -239,14 +240,30 @@ def capped_clock(watts: float | None) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda (cpu: --smoke)")
     parser.add_argument("--seq", type=int, default=32768, help="local queries (32K: the rows)")
     parser.add_argument("--seconds", type=float, default=8.0, help="timed per call")
     parser.add_argument(
         "--hardware", choices=sorted(HARDWARE), help="the planner preset (default: by GPU name)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--seq 64 --seconds 0.01, on the CPU unless --device cuda, against h100-sxm's "
+        "curve on a CPU: every step in seconds, no figure",
+    )
     args = parser.parse_args()
-    out: dict[str, Any] = {"bench": "attention_power", "target_max_error": TARGET_MAX_ERROR}
+    if args.smoke:
+        args.device = args.device or "cpu"
+        args.seq, args.seconds = 64, 0.01
+        if args.device == "cpu":
+            args.hardware = args.hardware or "h100-sxm"
+    args.device = args.device or "cuda"
+    out: dict[str, Any] = {
+        "bench": "attention_power",
+        "smoke": args.smoke,
+        "target_max_error": TARGET_MAX_ERROR,
+    }
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: skipped (run it on a GPU node; --device cpu checks the logic)")
         print(json.dumps(out | {"skipped": "no CUDA device", "target_met": False}))

@@ -22,6 +22,7 @@ allocates its host copy and is reported apart, not in the medians.
 
     .venv/bin/python bench/checkpoint.py [--reps 3] [--dir FOLDER]          # 1.06 GB, CPU
     python bench/checkpoint.py --device cuda --shape filer --variants main,current  # 6.1 GB
+    .venv/bin/python bench/checkpoint.py --smoke   # a 1 MB state, one save: seconds, no figure
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ SHAPES = {
     "bench": ModelShape(layers=2, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000),
     # The issue's filer on one H200: 8 layers of hidden 2,048, 509M parameters, 6.1 GB.
     "filer": ModelShape(layers=8, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=32000),
+    # --smoke's: every step of the bench on about 1 MB of state.
+    "smoke": ModelShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256),
 }
 VARIANTS = {
     "current": SaveOptions(),
@@ -210,7 +213,14 @@ def main() -> int:
     parser.add_argument("--batch", type=int, help="sequences a step; default 1 (cpu), 8 (cuda)")
     parser.add_argument("--variants", default="current", help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--steps-alone", type=int, default=8, help="pace steps before a save")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--shape smoke --reps 1 --steps-alone 2: every step of the bench in seconds",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.shape, args.reps, args.steps_alone = "smoke", 1, 2
     on_gpu = args.device == "cuda"
     args.seq_len = args.seq_len or (2048 if on_gpu else 32)
     args.batch = args.batch or (8 if on_gpu else 1)
@@ -310,6 +320,7 @@ def main() -> int:
         json.dumps(
             {
                 "bench": "checkpoint",
+                "smoke": args.smoke,
                 "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
                 "model": SHAPES[args.shape].model_dump(),
                 "seq_len": args.seq_len,

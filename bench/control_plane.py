@@ -40,6 +40,14 @@ heartbeat_dead_s, 20 s), the verdict to each affected run's next attempt submitt
 nodes off the leaf (the target: within 10 s) and started by Slurm. "Nothing lost": every
 request answered 2xx, every accepted event stored, one incident per silent node and none
 for any other, every run still active on 6 healthy nodes.
+
+    .venv/bin/python bench/control_plane.py --smoke   # no dev cluster, no service: seconds
+
+--smoke starts no service and touches neither the dev cluster nor Postgres: the bench's own
+load generator (heartbeats and event batches on its keep-alive client) runs for a second
+against a stand-in that answers as the service does (StubService: 204 to a heartbeat, the
+count of a batch's events accepted), and the first mode's figures and verdict come from it;
+the storm's are computed from a made-up outcome in storm_outcome()'s shape (SMOKE_STORM).
 """
 
 from __future__ import annotations
@@ -313,10 +321,13 @@ async def events(
     await asyncio.gather(*(stream(w) for w in range(streams)))
 
 
-async def sustained(port: int, seconds: float, tokens: dict[str, str]) -> dict[str, float]:
-    """One heartbeat period of warm-up, then `seconds` of the same load, measured."""
+async def sustained(
+    port: int, seconds: float, tokens: dict[str, str], warmup_s: float = WARMUP_S
+) -> dict[str, float]:
+    """One heartbeat period of warm-up (`warmup_s`), then `seconds` of the same load,
+    measured."""
     start = time.monotonic()
-    measured_from = start + WARMUP_S
+    measured_from = start + warmup_s
     until = measured_from + seconds
     beats, batches = Tally(measured_from), Tally(measured_from)
     await asyncio.gather(
@@ -605,6 +616,18 @@ def storm(num_nodes: int, before_s: float) -> None:
             child.wait(timeout=60)
         ticks = json.loads((state / "ticks.json").read_text())
         out = storm_outcome(url, ready, leaf, silence)
+    print(json.dumps(storm_report(ready, out, beats, batches, windows, ticks), default=str))
+
+
+def storm_report(
+    ready: dict[str, Any],
+    out: dict[str, Any],
+    beats: Tally,
+    batches: Tally,
+    windows: dict[str, float | None],
+    ticks: list[float],
+) -> dict[str, Any]:
+    """The storm's figures, printed, and its JSON object with the targets and "target_met"."""
     q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]  # noqa: E731
     move_s = [m["verdict_to_submitted_s"] for m in out["moves"].values()]
     run_s = [m["verdict_to_running_s"] for m in out["moves"].values()]
@@ -663,21 +686,148 @@ def storm(num_nodes: int, before_s: float) -> None:
         and failed == 0
         and out["stored_events"] == batches.accepted
     )
-    print(
-        json.dumps(
-            {
-                "bench": "control_plane_storm",
-                "figures": figures,
-                "targets": {
-                    "verdict_to_all_moved_s": TARGET_MOVE_S,
-                    "incidents": "one per silent node, none elsewhere",
-                    "lost": "no failed request, every accepted event stored, no run lost",
-                },
-                "target_met": met,
-            },
-            default=str,
-        )
+    return {
+        "bench": "control_plane_storm",
+        "figures": figures,
+        "targets": {
+            "verdict_to_all_moved_s": TARGET_MOVE_S,
+            "incidents": "one per silent node, none elsewhere",
+            "lost": "no failed request, every accepted event stored, no run lost",
+        },
+        "target_met": met,
+    }
+
+
+class StubService:
+    """--smoke's stand-in for the service: a keep-alive HTTP/1.1 server on 127.0.0.1 that
+    answers a heartbeat 204 and an event batch 200 with its count accepted, as the service
+    does once it has committed them."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aenter__(self) -> StubService:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(line[15:])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                body = await reader.readexactly(length)
+                if head.split(b" ")[1].endswith(b"/heartbeat"):
+                    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                else:
+                    reply = json.dumps({"accepted": len(json.loads(body)["events"])}).encode()
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        + f"content-length: {len(reply)}\r\n\r\n".encode()
+                        + reply
+                    )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed its connection
+        finally:
+            writer.close()
+
+
+SMOKE_NODES = 64  # simulated agents: a heartbeat every 5 / 64 s
+SMOKE_SWITCH = {sim_node(i): f"leaf{i // NODES_PER_LEAF + 1}" for i in range(2 * NODES_PER_LEAF)}
+SMOKE_RUNS = {  # runs of 6 nodes: three on the first leaf (the third with 4 nodes), one off it
+    str(r + 1): [sim_node(i) for i in range(6 * r, 6 * r + 6)] for r in range(4)
+}
+
+
+def smoke_move(submitted_s: float, on_leaf: int) -> dict[str, Any]:
+    return {
+        "state": "RUNNING",
+        "moved": True,
+        "nodes_on_leaf_before": on_leaf,
+        "verdict_to_submitted_s": submitted_s,
+        "verdict_to_running_s": round(submitted_s + 1.1, 1),
+    }
+
+
+# A made-up storm, in storm()'s and storm_outcome()'s shapes: the first leaf falls silent,
+# its 16 nodes get an incident each, and the three runs on it move.
+SMOKE_STORM: dict[str, Any] = {
+    "ready": {"runs": SMOKE_RUNS, "pool": 2, "switch": SMOKE_SWITCH},
+    "out": {
+        "leaf": "leaf1",
+        "affected_runs": 3,
+        "moves": {1: smoke_move(1.2, 6), 2: smoke_move(1.4, 6), 3: smoke_move(1.3, 4)},
+        "incidents_on_leaf": NODES_PER_LEAF,
+        "incidents_elsewhere": 0,
+        "signals": ["heartbeat"],
+        "silence_to_verdict_s": 21.0,
+        "all_drained": True,
+        "drained_not_on_leaf": [],
+        "runs_not_active": [],
+    },
+    "ticks": [0.2, 0.25, 0.3],
+}
+
+
+def smoke() -> None:
+    """The first mode's load against StubService for a second, and the storm's verdict on
+    SMOKE_STORM with that load's tallies."""
+    tokens = {sim_node(i): f"token-{i}" for i in range(SMOKE_NODES)}
+
+    async def load() -> tuple[dict[str, float], Tally, Tally]:
+        async with StubService() as stub:
+            figures = await sustained(stub.port, 1.0, tokens, warmup_s=0.5)
+            beats, batches = Tally(time.monotonic()), Tally(time.monotonic())
+            until = time.monotonic() + 1.0
+            await asyncio.gather(
+                heartbeats(stub.port, tokens, until, beats),
+                events(stub.port, tokens, until, batches, streams=1, pause_s=0.1),
+            )
+        return figures, beats, batches
+
+    figures, beats, batches = asyncio.run(load())
+    for key, value in figures.items():
+        print(f"{key:32s} {value:10.3f}")
+    storm_out = SMOKE_STORM["out"] | {"stored_events": batches.accepted}
+    windows = {"first_period": beats.p99_between(0, math.inf)}
+    storm_result = storm_report(
+        SMOKE_STORM["ready"], storm_out, beats, batches, windows, SMOKE_STORM["ticks"]
     )
+    result = sustained_report(figures) | {
+        "smoke": True,
+        "inputs": "a stand-in service (no dev cluster, no Postgres); a made-up storm outcome",
+        "storm": storm_result,
+    }
+    print(json.dumps(result, default=str))
+
+
+def sustained_report(figures: dict[str, float]) -> dict[str, Any]:
+    """The first mode's JSON object: its figures, the targets and "target_met"."""
+    met = (
+        figures["events_per_s"] >= TARGET_EVENTS_PER_S
+        and figures["event_batch_p99_s"] < TARGET_P99_S
+        and figures["heartbeat_p99_s"] < TARGET_P99_S
+        and figures["failed_requests"] == 0
+    )
+    targets = {
+        "events_per_s": TARGET_EVENTS_PER_S,
+        "p99_s": TARGET_P99_S,
+        "simulated_nodes": NUM_NODES,
+        "heartbeat_period_s": HEARTBEAT_PERIOD_S,
+    }
+    return {"bench": "control_plane", "figures": figures, "targets": targets, "target_met": met}
 
 
 def main() -> None:
@@ -692,7 +842,13 @@ def main() -> None:
         default=None,
         help="a leaf switch fails under this many nodes (in-memory Slurm); --seconds before",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the load generator against a stand-in: seconds"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        smoke()
+        return
     if args.nodes:
         storm(args.nodes, args.seconds)
         return
@@ -715,23 +871,7 @@ def main() -> None:
             proc.wait(timeout=15)
     for key, value in figures.items():
         print(f"{key:32s} {value:10.3f}")
-    met = (
-        figures["events_per_s"] >= TARGET_EVENTS_PER_S
-        and figures["event_batch_p99_s"] < TARGET_P99_S
-        and figures["heartbeat_p99_s"] < TARGET_P99_S
-        and figures["failed_requests"] == 0
-    )
-    targets = {
-        "events_per_s": TARGET_EVENTS_PER_S,
-        "p99_s": TARGET_P99_S,
-        "simulated_nodes": NUM_NODES,
-        "heartbeat_period_s": HEARTBEAT_PERIOD_S,
-    }
-    print(
-        json.dumps(
-            {"bench": "control_plane", "figures": figures, "targets": targets, "target_met": met}
-        )
-    )
+    print(json.dumps(sustained_report(figures)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ table and scores it on the other, both ways (leave one source out):
 The committed value is the fit on A, so the scored rows (B) never helped set it. Each fit
 minimises the summed |log error| of a source's cp > 1 rows over 0.00-1.50 in steps of 0.01.
 
-    .venv/bin/python bench/cp_ring_fit.py
+    .venv/bin/python bench/cp_ring_fit.py [--smoke]   # under a second: the smoke is the run
 
 The last line is one JSON object with the fits, the errors and "target_met" (the committed
 constant is source A's fit, to the grid's step, and each source's rows are within 25 % with
@@ -24,6 +24,7 @@ the other's fit).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -115,6 +116,11 @@ def _relative_at(rows: list[Case], predict: Predict, value: float) -> dict[str, 
 def main() -> None:
     from planner_accuracy import load_cases, predict_tokens_per_gpu
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="the whole fit (it takes under a second)"
+    )
+    parser.parse_args()
     source_a = table_rows(json.loads(SOURCE_A.read_text())["cases"], TABLE_A)
     source_b = table_rows(load_cases(), TABLE_B)
     result = leave_one_source_out(source_a, source_b, predict_tokens_per_gpu)

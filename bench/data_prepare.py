@@ -9,10 +9,13 @@ beside it. Ours: the whole prepare, end to end: starting the pool, reading and p
 file, tokenizing, the held-out split, writing and fsyncing shards, the journal, the sha256s
 and the index. Each side runs three times, interleaved, and keeps its best (the machine is shared).
 Target: the prepare at >= 80% of encode_batch's tokens/s.
+
+    .venv/bin/python bench/data_prepare.py [--smoke]   # --smoke: 0.25 MB, 1,000 ids, 1 round
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -31,6 +34,8 @@ TARGET_RATIO = 0.8  # the issue's target: at least 80% of the tokenizer's own ba
 CORPUS_MB = float(os.environ.get("BENCH_PREPARE_MB", "16"))
 VOCAB = 32_000  # Llama 2's vocabulary size
 ROUNDS = 3
+SAMPLE_MB = 4.0  # the tokenizer's training text
+SMOKE_MB, SMOKE_VOCAB = 0.25, 1000
 
 
 def stdlib_documents(max_bytes: int) -> list[str]:
@@ -75,22 +80,32 @@ def prepare_rate(source: Path, tokenizer_dir: Path, out: Path, workers: int) -> 
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"{SMOKE_MB} MB, a {SMOKE_VOCAB}-id tokenizer, one round: seconds, no figure",
+    )
+    args = parser.parse_args()
+    corpus_mb, sample_mb, vocab, rounds = CORPUS_MB, SAMPLE_MB, VOCAB, ROUNDS
+    if args.smoke:
+        corpus_mb, sample_mb, vocab, rounds = SMOKE_MB, SMOKE_MB, SMOKE_VOCAB, 1
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         root = Path(tmp)
-        documents = stdlib_documents(int(CORPUS_MB * 1024 * 1024))
+        documents = stdlib_documents(int(corpus_mb * 1024 * 1024))
         size_mb = sum(len(d.encode()) for d in documents) / 2**20
         source = root / "corpus.jsonl"
         source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
         start = time.perf_counter()
-        sample = stdlib_documents(4 * 1024 * 1024)
-        tokenizer_dir = train_bpe_folder(root / "bpe-32k", sample, VOCAB)
+        sample = stdlib_documents(int(sample_mb * 1024 * 1024))
+        tokenizer_dir = train_bpe_folder(root / "bpe", sample, vocab)
         print(f"corpus: {len(documents)} documents, {size_mb:.1f} MB; {cores} cores")
         trained_s = time.perf_counter() - start
-        print(f"tokenizer: byte-level BPE, {VOCAB} ids, trained in {trained_s:.1f} s")
+        print(f"tokenizer: byte-level BPE, {vocab} ids, trained in {trained_s:.1f} s")
         best = {"encode_batch": 0.0, "encode_batch_fast": 0.0, "prepare": 0.0}
         counts = set()
-        for round_number in range(1, ROUNDS + 1):
+        for round_number in range(1, rounds + 1):
             rate, count = reference_rate(tokenizer_dir, documents, fast=False)
             best["encode_batch"] = max(best["encode_batch"], rate)
             fast_rate, fast_count = reference_rate(tokenizer_dir, documents, fast=True)
@@ -111,6 +126,8 @@ def main() -> None:
     print(f"prepare / encode_batch_fast: {ratio_fast:.2f} (for reference)")
     result = {
         "bench": "data_prepare",
+        "smoke": args.smoke,
+        "vocab": vocab,
         "corpus_mb": round(size_mb, 1),
         "cores": cores,
         "tokens_per_s": {k: round(v) for k, v in best.items()},

@@ -23,6 +23,12 @@ next job runs in Slurm. Everything it started is stopped at the end, by pid: the
 tasks, then scancel, the daemons, and the job steps a stopped slurmd leaves behind. The
 last line is one JSON object with "target_met" (every started run running, the failed
 node's run moved and running again within 10 ticks).
+
+    .venv/bin/python bench/devcluster_scale.py --smoke   # starts nothing: the pure parts
+
+--smoke starts no daemon and touches no database: it renders one leaf's config as the run
+would, and computes the figures' verdict and JSON line from made-up figures in measure()'s
+shape (SMOKE_FIGURES).
 """
 
 from __future__ import annotations
@@ -120,16 +126,20 @@ class ScaleCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.daemons: dict[str, subprocess.Popen[bytes]] = {}
 
-    def render(self) -> None:
-        for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints"):
-            (self.state / sub).mkdir(parents=True, exist_ok=True)
+    def config_files(self) -> dict[str, str]:
+        """slurm.conf and the rest, by file name, as `runyard dev up` renders them (pure)."""
         net = one_box(
             self.shape,
             cluster_name=CLUSTER_NAME,
             first_slurmd_port=FIRST_SLURMD_PORT,
             controller_port=CONTROLLER_PORT,
         )
-        for name, text in render(self.shape, self.state, network=net).items():
+        return render(self.shape, self.state, network=net)
+
+    def render(self) -> None:
+        for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        for name, text in self.config_files().items():
             (self.state / name).write_text(text)
         for i in range(self.shape.gpus_per_node):  # as `runyard dev up` makes them
             os.mknod(self.state / "dev" / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
@@ -421,13 +431,60 @@ def measure(
     return figures
 
 
+def target_met(figures: dict[str, Any]) -> bool:
+    """Runs running, and the failed node's run moved and running again within 10 ticks."""
+    return bool(
+        figures.get("runs_running", 0) > 0
+        and figures.get("recovered", False)
+        and figures.get("recovery_ticks", 99) <= 10
+    )
+
+
+# --smoke's figures, made up in measure()'s shape (a few of its keys).
+SMOKE_FIGURES: dict[str, Any] = {
+    "nodes": LEAF_SIZE,
+    "up_s": 4.0,
+    "runs_running": 6,
+    "runs_waiting": 2,
+    "tick_s": 0.12,
+    "placement_s": 0.004,
+    "recovery_tick_s": 0.3,
+    "recovery_ticks": 2,
+    "recovered": True,
+}
+
+
+def smoke() -> None:
+    """One leaf's config rendered as the run renders it, and the verdict on SMOKE_FIGURES."""
+    cluster = ScaleCluster(LEAF_SIZE, Path(tempfile.gettempdir()) / "runyard-devscale-smoke")
+    files = cluster.config_files()  # text only: nothing is written or started
+    conf = files["slurm.conf"]
+    ours = f"ClusterName={CLUSTER_NAME}" in conf and f"SlurmctldPort={CONTROLLER_PORT}" in conf
+    print(f"{LEAF_SIZE} nodes' config: {', '.join(sorted(files))}; own name and port: {ours}")
+    for key, value in SMOKE_FIGURES.items():
+        print(f"{key:28s} {value}")
+    out = {
+        "bench": "devcluster_scale",
+        "smoke": True,
+        "inputs": "made-up figures; no cluster started",
+        "config_files": sorted(files),
+        "figures": SMOKE_FIGURES,
+        "target_met": ours and target_met(SMOKE_FIGURES),
+    }
+    print(json.dumps(out))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--queued", type=int, default=40)
     parser.add_argument("--running", type=int, default=48, help="runs of 2 nodes")
     parser.add_argument("--spares", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true", help="the pure parts: starts nothing")
     args = parser.parse_args(argv)
+    if args.smoke:
+        smoke()
+        return
     state = Path(tempfile.mkdtemp(prefix="runyard-devscale-"))
     # The service's Slurm commands (get_settings) and submitit's sbatch read these.
     os.environ["RUNYARD_SLURM_CONF"] = os.environ["SLURM_CONF"] = str(state / "slurm.conf")
@@ -437,11 +494,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.rmtree(state, ignore_errors=True)
     for key, value in figures.items():
         print(f"{key:28s} {value}")
-    met = (
-        figures.get("runs_running", 0) > 0
-        and figures.get("recovered", False)
-        and figures.get("recovery_ticks", 99) <= 10
-    )
+    met = target_met(figures)
     print(json.dumps({"bench": "devcluster_scale", "figures": figures, "target_met": met}))
 
 

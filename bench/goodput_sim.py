@@ -7,6 +7,7 @@ classic path); only Slurm (the in-memory SlurmClient), time and the GPUs are sim
 The phase costs are measured here or published (sim/costs.py says which).
 
     .venv/bin/python bench/goodput_sim.py [--days 30] [--seeds 5]
+    .venv/bin/python bench/goodput_sim.py --smoke   # 1 day, 1 seed: every table, seconds
 
 Prints the service's policy at Llama 3's rate (goodput, badput by phase, recoveries by
 path, the worst hour, the chance the spare pool ran dry over the seeds), the same failures
@@ -145,7 +146,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="--days 1 --seeds 1")
     args = parser.parse_args()
+    if args.smoke:
+        args.days, args.seeds = 1.0, 1
     shape = planned_run()
     print(
         f"Llama 3 405B on {shape.num_gpus:,} H100s ({shape.num_nodes} nodes): "
@@ -248,14 +252,15 @@ def main() -> None:
     x1_ok = bool(policy["goodput"] >= TARGET_X1 and policy["pool_share"] <= MAX_SPARE_SHARE)  # type: ignore[operator]
     x10_ok = bool(x10["fast"] >= TARGET_X10)  # type: ignore[operator]
     print(
-        f"\none 30-day run simulated in {one_run_s:.2f} s; x1: {policy['goodput']:.2%} with "
-        f"{policy['pool_share']:.2%} spares (target >= 98.5% with <= 1.5%); "
-        f"x10: {x10['fast']:.2%} (target >= 95%)"
+        f"\none {args.days:.0f}-day run simulated in {one_run_s:.2f} s; x1: "
+        f"{policy['goodput']:.2%} with {policy['pool_share']:.2%} spares (target >= 98.5% "
+        f"with <= 1.5%); x10: {x10['fast']:.2%} (target >= 95%)"
     )
     print(
         json.dumps(
             {
                 "bench": "goodput_sim",
+                "smoke": args.smoke,
                 "days": args.days,
                 "seeds": args.seeds,
                 "one_run_s": round(one_run_s, 3),

@@ -13,6 +13,7 @@ H100/H200-class GPU.
 
     .venv/bin/python bench/gpu_mfu.py                  # on a GPU node (skips without CUDA)
     .venv/bin/python bench/gpu_mfu.py --device cpu --shape small --layers 1   # the logic
+    .venv/bin/python bench/gpu_mfu.py --smoke   # the same, 2 timed steps: seconds
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ def report(out: dict[str, Any], target_met: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda (cpu: --smoke)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--layers", type=int, help="default: as many as fit the device")
     parser.add_argument("--seq-len", type=int, help="default: 8192 (Llama 3), 64 for small")
@@ -307,9 +308,20 @@ def main() -> int:
     parser.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, help="default: on a GPU only"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--shape small --layers 1 --steps 2 --warmup 1, on the CPU unless --device cuda: "
+        "every step in seconds, no figure",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.device = args.device or "cpu"
+        args.shape, args.layers, args.steps, args.warmup = "small", 1, 2, 1
+    args.device = args.device or "cuda"
     out: dict[str, Any] = {
         "bench": "gpu_mfu",
+        "smoke": args.smoke,
         "shape": args.shape,
         "mfu_convention": MFU_CONVENTION,
     }

@@ -27,6 +27,7 @@ value, so no case helps predict itself. It also prints PyTorch's ring constant f
 each of its two published sources and scored on the other (`bench/cp_ring_fit.py`).
 
     .venv/bin/python bench/planner_accuracy.py [--leave-one-out]
+    .venv/bin/python bench/planner_accuracy.py --smoke   # every path (--leave-one-out): ~1 s
 
 The last line is one JSON object with the figures, the targets and "target_met".
 """
@@ -285,7 +286,11 @@ def _meets(figures: dict[str, float]) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--leave-one-out", action="store_true", help="also refit per case")
+    parser.add_argument(
+        "--smoke", action="store_true", help="--leave-one-out: every path, in about a second"
+    )
     args = parser.parse_args()
+    args.leave_one_out = args.leave_one_out or args.smoke
     cases = load_cases()
     rows = [evaluate(case) for case in cases]
     calibrated = calibrated_leave_one_run_out(cases)

@@ -3,13 +3,14 @@
 Each timed plan starts with empty caches, so every figure is a cold plan, as the service
 would see it for a new request.
 
-    .venv/bin/python bench/planner_speed.py
+    .venv/bin/python bench/planner_speed.py [--smoke]   # --smoke: one plan per case
 
 The last line is one JSON object with the figures, the target and "target_met".
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -42,11 +43,15 @@ def time_plan(seq_len: int, global_batch_tokens: int) -> tuple[float, int]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="one cold plan per case, not 5")
+    args = parser.parse_args()
+    repeats = 1 if args.smoke else REPEATS
     figures: list[dict[str, Any]] = []
     worst_all = 0.0
     for label, seq_len, batch in CASES:
         times, considered = [], 0
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             elapsed, considered = time_plan(seq_len, batch)
             times.append(elapsed)
         worst = max(times)
@@ -65,6 +70,7 @@ def main() -> None:
         )
     summary = {
         "bench": "planner_speed",
+        "smoke": args.smoke,
         "figures": figures,
         "target": {"worst_s": TARGET_S},
         "target_met": worst_all < TARGET_S,

@@ -12,16 +12,21 @@ start), then fail one node of a training run and time the tick that drains it an
 run to a spare.
 
     .venv/bin/python bench/reconciler_scale.py [--queued 10000] [--sweeps 20] [--ticks 5]
+    .venv/bin/python bench/reconciler_scale.py --smoke   # 32 nodes, 4 runs, 1 sweep: seconds
 
 Only Slurm is simulated (service/slurm/fake.py); the database is a fresh one of its own
-(`runyard_scale`), migrated by Alembic. The last line is one JSON object with the figures,
-the targets (tick < 1 s, placement < 100 ms, Slurm calls per tick bounded: the same
-without sweeps, with them, and with 10,000 queued runs besides) and "target_met".
+(`runyard_scale`; the smoke's is named after its process and dropped at the end), migrated
+by Alembic. Runs and sweeps are submitted by a user linked to a Unix user, as every
+submitter must be (service/identity/); the in-memory Slurm runs nothing as them. The last
+line is one JSON object with the figures, the targets (tick < 1 s, placement < 100 ms,
+Slurm calls per tick bounded: the same without sweeps, with them, and with 10,000 queued
+runs besides) and "target_met".
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -42,9 +47,9 @@ from sqlalchemy import func, select  # noqa: E402
 
 from client.devcluster import postgres  # noqa: E402
 from service.auth.principal import Principal  # noqa: E402
-from service.config import Settings  # noqa: E402
-from service.db import session_scope  # noqa: E402
-from service.models import Role, Run, RunState  # noqa: E402
+from service.config import Settings, get_settings  # noqa: E402
+from service.db import get_engine, session_scope  # noqa: E402
+from service.models import Role, Run, RunState, UserLink  # noqa: E402
 from service.reconcile import loop  # noqa: E402
 from service.reconcile.loop import Reconciler  # noqa: E402
 from service.recovery import spares  # noqa: E402
@@ -59,11 +64,34 @@ from service.sweeps.service import create_sweep  # noqa: E402
 from service.workers import service as workers  # noqa: E402
 from service.workers.schemas import CheckpointReport, FinishReport  # noqa: E402
 
-NUM_SWITCHES, NODES_PER_SWITCH = 80, 16  # 1,280 nodes of 8 GPUs: 10,240 GPUs
-RUNS, RUN_NODES = 200, 6
-SPARES = 11  # planner.reliability.assess for 10,240 GPUs at Llama 3's rate
-SWEEP_POINTS, SWEEP_PARALLEL = 50, 3  # per sweep: 50 one-node runs, 3 at once
-TASKS_ENDING = 10  # sweep tasks that end together in the churn tick
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """The cluster and its load."""
+
+    num_switches: int
+    nodes_per_switch: int
+    runs: int  # training runs, each on run_nodes
+    run_nodes: int
+    spares: int
+    sweep_points: int  # one-node runs per sweep (an even number: lr x 2 seeds)
+    sweep_parallel: int  # of a sweep's runs at once
+    tasks_ending: int  # sweep tasks that end together in the churn tick
+
+
+# 1,280 nodes of 8 GPUs (10,240 GPUs); 11 spares: planner.reliability.assess for 10,240 GPUs
+# at Llama 3's rate; sweeps of 50 one-node runs, 3 at once.
+FULL = Scale(
+    80, 16, runs=200, run_nodes=6, spares=11, sweep_points=50, sweep_parallel=3, tasks_ending=10
+)
+# The same steps at the smallest size that still has runs, spares and sweep tasks to move.
+SMOKE = Scale(
+    2, 16, runs=4, run_nodes=6, spares=2, sweep_points=4, sweep_parallel=2, tasks_ending=2
+)
+# Who submits: a user linked to a Unix user, as tests/unit/reconcile/conftest.py links its
+# owner (the in-memory Slurm runs nothing, so the Unix user need not exist here).
+OWNER = Principal(token_id=0, user="bench", team="ml", role=Role.USER)
+OWNER_UNIX_USER = "bench"
 TARGET_TICK_S = 1.0
 TARGET_PLACEMENT_S = 0.100
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -139,9 +167,15 @@ def clock_steps() -> StepClock:
     return clock
 
 
-def sweep_spec(index: int) -> SweepSpec:
-    """A learning-rate sweep of one-node runs (x seed, to reach SWEEP_POINTS points)."""
-    lrs = [round(1e-4 * (k + 1), 6) for k in range(SWEEP_POINTS // 2)]
+def link_owner() -> None:
+    """OWNER's link to its Unix user, as `runyard admin user link` writes it."""
+    with session_scope() as session:
+        session.add(UserLink(user=OWNER.user, unix_user=OWNER_UNIX_USER, linked_by="bench"))
+
+
+def sweep_spec(index: int, scale: Scale) -> SweepSpec:
+    """A learning-rate sweep of one-node runs (x seed, to reach scale.sweep_points points)."""
+    lrs = [round(1e-4 * (k + 1), 6) for k in range(scale.sweep_points // 2)]
     return SweepSpec.model_validate(
         {
             "name": f"sweep-{index}",
@@ -153,21 +187,20 @@ def sweep_spec(index: int) -> SweepSpec:
             "steps": 10_000,
             "sweep": {
                 "grid": {"lr": lrs, "seed": [0, 1]},
-                "max_parallel": SWEEP_PARALLEL,
+                "max_parallel": scale.sweep_parallel,
             },
         }
     )
 
 
-def add_sweeps(count: int, settings: Settings) -> float:
+def add_sweeps(count: int, settings: Settings, scale: Scale) -> float:
     """`count` sweeps through the sweeps service, as POST /sweeps creates them; the median
-    seconds one create_sweep took (its SWEEP_POINTS members each planned and admitted)."""
-    owner = Principal(token_id=0, user="bench", team="ml", role=Role.USER)
+    seconds one create_sweep took (its members each planned and admitted)."""
     took = []
     for i in range(count):
         started = time.perf_counter()
         with session_scope() as session:
-            create_sweep(session, sweep_spec(i), settings, owner)
+            create_sweep(session, sweep_spec(i, scale), settings, OWNER)
         took.append(time.perf_counter() - started)
     return statistics.median(took) if took else 0.0
 
@@ -212,8 +245,8 @@ def queue_runs(count: int) -> None:
     if count <= 0:
         return
     with session_scope() as session:
-        template = create_run(session, spec("queued", 8), Settings()).id
-    with psycopg.connect(DATABASE_URL.replace("+psycopg", "")) as conn:
+        template = create_run(session, spec("queued", 8), Settings(), OWNER).id
+    with psycopg.connect(get_settings().database_url.replace("+psycopg", "")) as conn:
         columns = [
             r[0]
             for r in conn.execute(
@@ -255,34 +288,63 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--sweeps", type=int, default=20)
     parser.add_argument("--ticks", type=int, default=5)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="32 nodes, 4 runs, 1 sweep of 4, 10 queued, 1 tick: the same steps in seconds",
+    )
     args = parser.parse_args()
+    scale = SMOKE if args.smoke else FULL
+    database_url = DATABASE_URL
+    if args.smoke:  # a database of its own: smokes of several test sessions may overlap
+        args.queued, args.sweeps, args.ticks = 10, 1, 1
+        database_url = DATABASE_URL.replace("runyard_scale", f"runyard_scale_smoke_{os.getpid()}")
+        os.environ["RUNYARD_DATABASE_URL"] = database_url  # read at the first session
     postgres.ensure_running()
-    postgres.fresh_database(DATABASE_URL)
+    postgres.fresh_database(database_url)
+    try:
+        measure(args, scale)
+    finally:
+        if args.smoke:
+            get_engine().dispose()
+            postgres.drop_database(database_url)
+
+
+def measure(args: argparse.Namespace, scale: Scale) -> None:
     state = Path(tempfile.mkdtemp(prefix="runyard-scale-"))
     settings = Settings(state_dir=state, job_prefix="scale", run_reconciler=False)
-    slurm = FakeSlurm.cluster(num_switches=NUM_SWITCHES, nodes_per_switch=NODES_PER_SWITCH)
+    slurm = FakeSlurm.cluster(
+        num_switches=scale.num_switches, nodes_per_switch=scale.nodes_per_switch
+    )
     reconciler = Reconciler(settings, slurm)
     reconciler.tick()  # the nodes, from Slurm
+    link_owner()
     with session_scope() as session:
-        spares.set_target(session, SPARES)
-        ids = [create_run(session, spec(f"train-{i}", RUN_NODES), settings).id for i in range(RUNS)]
+        spares.set_target(session, scale.spares)
+        ids = [
+            create_run(session, spec(f"train-{i}", scale.run_nodes), settings, OWNER).id
+            for i in range(scale.runs)
+        ]
     reconciler.tick()
     slurm.schedule()
     reconciler.tick()
     with session_scope() as session:
         running = len(repository.runs_in_states(session, [RunState.RUNNING]))
-    print(f"{len(slurm.nodes)} nodes, {running} of {RUNS} runs running, {SPARES} spares")
+    print(
+        f"{len(slurm.nodes)} nodes, {running} of {scale.runs} runs running, {scale.spares} spares"
+    )
 
     small = tick_figures(reconciler, slurm, args.ticks)
 
     # Sweeps: created through the service, queued as job arrays, a few tasks running.
-    create_s = add_sweeps(args.sweeps, settings)
+    create_s = add_sweeps(args.sweeps, settings, scale)
     arrays = one_tick(reconciler, slurm)  # one sbatch --array per sweep
     slurm.schedule()  # Slurm starts what the free nodes and each array's limit allow
     started = one_tick(reconciler, slurm)  # the tasks' runs take the nodes Slurm gave them
     counts = sweep_counts()
     print(
-        f"{args.sweeps} sweeps of {SWEEP_POINTS} points (at most {SWEEP_PARALLEL} at once): "
+        f"{args.sweeps} sweeps of {scale.sweep_points} points (at most "
+        f"{scale.sweep_parallel} at once): "
         f"create_sweep {create_s * 1000:.0f} ms each (median); arrays submitted in one tick "
         f"of {arrays['tick_s'] * 1000:.0f} ms, {arrays['slurm_calls_total']} Slurm calls "
         f"{arrays['slurm_calls']}; tasks started: tick {started['tick_s'] * 1000:.0f} ms, "
@@ -292,7 +354,7 @@ def main() -> None:
     # Sweep tasks finish (each trainer reports its final checkpoint and step through the
     # workers service, then exits 0): the next tasks of those arrays start.
     running_tasks = [j for j in slurm.jobs.values() if j.array_id and j.state == "RUNNING"]
-    running_tasks = running_tasks[:TASKS_ENDING]
+    running_tasks = running_tasks[: scale.tasks_ending]
     for job in running_tasks:
         finish_task(job.attempt_id, settings)
         slurm.finish(job.job_id, exit_code=0)
@@ -311,7 +373,7 @@ def main() -> None:
     reconciler.tick()  # the queued runs say once what they wait for
     big = tick_figures(reconciler, slurm, args.ticks)
     for label, fig in (
-        ("200 running, 10 queued", small),
+        (f"{running} running", small),
         (f"+ {args.sweeps} sweeps", swept),
         (f"+ {args.queued:,} queued", big),
     ):
@@ -334,7 +396,7 @@ def main() -> None:
     with session_scope() as session:
         moved = repository.get_run(session, ids[0])
         assert moved is not None
-        replaced = victim not in moved.nodes and len(moved.nodes) == RUN_NODES
+        replaced = victim not in moved.nodes and len(moved.nodes) == scale.run_nodes
     print(
         f"recovery tick (drain {victim}, move run {ids[0]} to a spare): "
         f"{recovery['tick_s'] * 1000:.0f} ms, {recovery['slurm_calls_total']} Slurm calls; "
@@ -352,8 +414,9 @@ def main() -> None:
                 "runs_running": running,
                 "runs_queued": args.queued,
                 "sweeps": args.sweeps,
-                "sweep_points": SWEEP_POINTS,
-                "sweep_max_parallel": SWEEP_PARALLEL,
+                "smoke": scale == SMOKE,
+                "sweep_points": scale.sweep_points,
+                "sweep_max_parallel": scale.sweep_parallel,
                 "sweep_members": sweep_counts(),
                 "create_sweep_s": create_s,
                 "small": small,
@@ -369,7 +432,7 @@ def main() -> None:
                     "tick_s": TARGET_TICK_S,
                     "placement_s": TARGET_PLACEMENT_S,
                     "slurm_calls_per_tick": "the same without sweeps, with them, and with "
-                    "10,000 queued",
+                    f"{args.queued:,} queued",
                 },
                 "target_met": big["tick_s"] < TARGET_TICK_S
                 and swept["tick_s"] < TARGET_TICK_S

@@ -327,12 +327,19 @@ def compare(
         for fast in (False, True):
             _wait("a spare", lambda: client.get_spares()["members"])
             results["fast" if fast else "classic"] = one_path(client, dev, fast, LAYOUTS[layout])
-    classic, fast = results["classic"], results["fast"]
+    return verdict(layout, pace_s, results["classic"], results["fast"])
+
+
+def verdict(
+    layout: str, pace_s: float, classic: dict[str, float], fast: dict[str, float]
+) -> dict[str, Any]:
+    """The comparison's figures, targets and "target_met" from each path's figures (pure)."""
     ratio = fast["gpu_s_lost"] / classic["gpu_s_lost"] if classic["gpu_s_lost"] else float("inf")
     return {
         "layout": layout,
         "pace_s": pace_s,
-        **results,
+        "classic": classic,
+        "fast": fast,
         "fast_over_classic_gpu_s": round(ratio, 3),
         "targets": {"fast_steps_recomputed_max": 1, "fast_over_classic_gpu_s_max": 1 / 3},
         "target_met": fast["steps_recomputed"] <= 1 and ratio <= 1 / 3,

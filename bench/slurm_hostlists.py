@@ -9,10 +9,14 @@ per watched job and one per reservation. This bench, side by side in one run:
    in-process, for N = 1, 8, 64.
 
     .venv/bin/python bench/slurm_hostlists.py [--cases 200]
+    .venv/bin/python bench/slurm_hostlists.py --smoke   # no Slurm: recorded answers
 
 Needs the dev cluster's Slurm tools (`runyard dev up`); it submits nothing. The last line
 is one JSON object with the figures, the targets (every case agrees; in-process at least
-100x cheaper than scontrol for 64 jobs) and "target_met".
+100x cheaper than scontrol for 64 jobs) and "target_met". --smoke runs no scontrol: the
+hostlists are compared with answers scontrol gave (SCONTROL_RECORDED, as in
+tests/unit/test_slurm_hostlist.py), the random ones only round-trip in-process, and
+scontrol's cost is a made-up SMOKE_SCONTROL_CALL_S a call.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +41,15 @@ from service.slurm.commands import run_slurm  # noqa: E402
 from service.slurm.hostlist import compress_hostlist, expand_hostlist  # noqa: E402
 
 TARGET_SPEEDUP = 100.0
+SCONTROL_RECORDED = {  # `scontrol show hostnames` on each, recorded
+    "gpu[001-004,007]": ["gpu001", "gpu002", "gpu003", "gpu004", "gpu007"],
+    "gpu[8-11]": ["gpu8", "gpu9", "gpu10", "gpu11"],
+    "gpu[099-101]": ["gpu099", "gpu100", "gpu101"],
+    "a[1-2],b3,c[5]": ["a1", "a2", "b3", "c5"],
+    "r[1-2]n[1-2]": ["r1n1", "r1n2", "r2n1", "r2n2"],
+}
+SMOKE_SCONTROL_CALL_S = 0.010  # made up: about one short process start
+Expand = Callable[[str], list[str]]
 
 
 def random_hostlist(rng: random.Random) -> str:
@@ -62,27 +76,35 @@ def scontrol_hostnames(hostlist: str) -> list[str]:
     return run_slurm(["scontrol", "show", "hostnames", hostlist]).split()
 
 
-def agreement(num_cases: int) -> tuple[int, list[str]]:
-    rng = random.Random(7)
+def recorded_hostnames(hostlist: str) -> list[str]:
+    """--smoke's reference: scontrol's recorded answer, else (the random and compressed
+    lists) our own expansion, so that those only round-trip."""
+    return SCONTROL_RECORDED.get(hostlist) or expand_hostlist(hostlist)
+
+
+def agreement(hostlists: list[str], reference: Expand) -> tuple[int, list[str]]:
     disagreements = []
-    for _ in range(num_cases):
-        hostlist = random_hostlist(rng)
+    for hostlist in hostlists:
         ours = expand_hostlist(hostlist)
-        if ours != scontrol_hostnames(hostlist):
+        if ours != reference(hostlist):
             disagreements.append(f"expand {hostlist}")
         compressed = compress_hostlist(ours)
-        if sorted(scontrol_hostnames(compressed)) != sorted(set(ours)):
+        if sorted(reference(compressed)) != sorted(set(ours)):
             disagreements.append(f"compress {hostlist} -> {compressed}")
-    return num_cases, disagreements
+    return len(hostlists), disagreements
 
 
-def cost(num_jobs: int) -> tuple[float, float]:
-    """Seconds to expand `num_jobs` node lists: one scontrol each, then in-process."""
+def cost(num_jobs: int, smoke: bool) -> tuple[float, float]:
+    """Seconds to expand `num_jobs` node lists: one scontrol each (--smoke: made up), then
+    in-process."""
     lists = [f"gpu[{8 * i + 1:04d}-{8 * i + 8:04d}]" for i in range(num_jobs)]
-    started = time.perf_counter()
-    for node_list in lists:
-        scontrol_hostnames(node_list)
-    old_s = time.perf_counter() - started
+    if smoke:
+        old_s = num_jobs * SMOKE_SCONTROL_CALL_S
+    else:
+        started = time.perf_counter()
+        for node_list in lists:
+            scontrol_hostnames(node_list)
+        old_s = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(100):  # in-process is too quick to time once
         for node_list in lists:
@@ -94,16 +116,22 @@ def cost(num_jobs: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--smoke", action="store_true", help="no Slurm: recorded answers")
     args = parser.parse_args()
 
-    checked, disagreements = agreement(args.cases)
+    rng = random.Random(7)
+    hostlists = [random_hostlist(rng) for _ in range(20 if args.smoke else args.cases)]
+    if args.smoke:
+        hostlists += list(SCONTROL_RECORDED)
+    reference = recorded_hostnames if args.smoke else scontrol_hostnames
+    checked, disagreements = agreement(hostlists, reference)
     print(f"agreement with scontrol: {checked - len(disagreements)} of {checked} hostlists")
     for line in disagreements[:10]:
         print(f"  differs: {line}")
     figures: dict[str, object] = {"cases": checked, "disagreements": len(disagreements)}
     print(f"{'watched jobs':>12}  {'scontrol each (ms)':>18}  {'in-process (ms)':>15}  ratio")
     for num_jobs in (1, 8, 64):
-        old_s, new_s = cost(num_jobs)
+        old_s, new_s = cost(num_jobs, args.smoke)
         ratio = old_s / new_s if new_s else float("inf")
         print(f"{num_jobs:>12}  {old_s * 1000:>18.1f}  {new_s * 1000:>15.3f}  {ratio:,.0f}x")
         figures[f"jobs_{num_jobs}"] = {
@@ -114,7 +142,8 @@ def main() -> int:
     speedup_64 = figures["jobs_64"]["speedup"]  # type: ignore[index]
     targets = {"disagreements": 0, "speedup_at_64_jobs": TARGET_SPEEDUP}
     met = not disagreements and speedup_64 >= TARGET_SPEEDUP
-    print(json.dumps({"figures": figures, "targets": targets, "target_met": met}))
+    out = {"bench": "slurm_hostlists", "smoke": args.smoke, "figures": figures}
+    print(json.dumps(out | {"targets": targets, "target_met": met}))
     return 0 if met else 1
 
 
