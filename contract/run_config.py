@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ._frozen import Frozen
-from .entrypoint import Entrypoint
+from .entrypoint import Entrypoint, ProgressPattern, ScriptEnvironment, ScriptResume
 from .fault_tolerance import ReplicaGroupConfig, replica_layout_problems
 from .layout import ParallelLayout, layout_problems
 from .model_shape import ModelShape
@@ -119,6 +119,19 @@ class WorkerRunConfig(Frozen):
     entrypoint: Entrypoint | None = Field(
         default=None, description="The user's training script instead of runyard's trainer."
     )
+    environment: ScriptEnvironment | None = Field(
+        default=None, description="The user's Python the entrypoint runs in; None: runyard's."
+    )
+    progress: ProgressPattern | None = Field(
+        default=None,
+        description="Read the entrypoint's steps and losses from rank 0's output (a script "
+        "that never imports runyard); None: the script reports them itself.",
+    )
+    resume: ScriptResume | None = Field(
+        default=None,
+        description="The entrypoint's own save and resume flags: the launcher passes the "
+        "folder and the resume point, and commits the checkpoints it finds complete there.",
+    )
     fault_tolerance: ReplicaGroupConfig | None = Field(
         default=None, description="This attempt's replica group; None: one group, no peers."
     )
@@ -132,6 +145,13 @@ class WorkerRunConfig(Frozen):
             groups = replica_layout_problems(self.layout, self.fault_tolerance.groups)
             if groups:
                 raise ValueError("; ".join(f"layout.{field}: {why}" for field, why in groups))
+        return self
+
+    @model_validator(mode="after")
+    def _script_fields_need_a_script(self) -> WorkerRunConfig:
+        for name in ("environment", "progress", "resume"):
+            if getattr(self, name) is not None and self.entrypoint is None:
+                raise ValueError(f"{name}: only for an entrypoint script")
         return self
 
     @property

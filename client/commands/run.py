@@ -72,6 +72,13 @@ def print_decision(decision: dict[str, Any]) -> None:
         highlight=False,
     )
     console.print(plan_text(decision["plan"]))
+    if (python := decision.get("environment")) is not None:  # as the run's owner ran it
+        console.print(
+            f"python: {python['python']} (Python {python['python_version']}, torch "
+            f"{python['torch_version']}, runyard_client protocol {python['client_protocol']})",
+            highlight=False,
+            soft_wrap=True,  # a path is not cut
+        )
 
 
 @app.command()

@@ -9,6 +9,7 @@ user's files and a user's jobs that Slurm does not let an operator make itself:
   through submitit; the job runs as the owner, charged to the owner's account;
 - `finish_submission`: the adoption step after a crash (service/slurm/submit.py);
 - `inspect`: read a `from_hf` config and a prepared dataset's index at submission;
+- `probe_python`: run the interpreter a spec names (`environment.python`) at submission;
 - `read_log`: a chunk of one rank's output;
 - `srun_in_job`: a script beside the job's tasks (stack dumps of a hung run);
 - `whoami`: who it runs as (`runyard doctor` checks the sudoers rule with it).
@@ -89,6 +90,14 @@ def inspect(request: Request) -> Any:
     return {"shape": shape.model_dump(mode="json") if shape else None, "problems": problems}
 
 
+def probe_python(request: Request) -> Any:
+    """Whether the owner can run `environment.python`, and what it imports."""
+    from service.identity.python_probe import probe
+
+    args = request["args"]
+    return probe(str(args["python"]), float(args["timeout_s"]))
+
+
 def read_log(request: Request) -> Any:
     from service.runs.log_files import read_chunk
 
@@ -121,6 +130,7 @@ OPERATIONS: dict[str, Callable[[Request], Any]] = {
     "submit_array": submit_array,
     "finish_submission": finish_submission,
     "inspect": inspect,
+    "probe_python": probe_python,
     "read_log": read_log,
     "srun_in_job": srun_in_job,
 }

@@ -31,6 +31,7 @@ from typing import Any
 
 from service.config import ServiceEnvironment, Settings
 from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
+from service.identity.python_probe import PROBE_TIMEOUT_S, ProbedPython, answer_of
 from service.slurm.commands import slurm_error
 from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, encode_request
 
@@ -101,6 +102,14 @@ class OwnerGate:
         answer = self._call(owner, "inspect", payload, timeout_s=INSPECT_TIMEOUT_S)
         assert isinstance(answer, dict)
         return answer
+
+    def probe_python(self, owner: RunOwner, python: str) -> ProbedPython:
+        """`python` as the owner finds it: there, executable by them, and importing torch
+        and runyard_client when they run it (service/identity/python_probe.py)."""
+        payload = {"python": python, "timeout_s": PROBE_TIMEOUT_S}
+        # The probe's own bound, plus the owner's program's start.
+        answer = self._call(owner, "probe_python", payload, timeout_s=PROBE_TIMEOUT_S + 20)
+        return answer_of(answer)
 
     def read_log(
         self, owner: RunOwner, path: Path, offset: int, limit: int, *, complete: bool

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contract import (
     Entrypoint,
@@ -17,6 +17,7 @@ from contract import (
     Recompute,
     StopReason,
 )
+from contract.entrypoint import ProgressPattern, ScriptEnvironment, ScriptResume
 from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
@@ -182,6 +183,25 @@ class RunSpec(_Spec):
         "every rank instead of runyard's trainer; it reports through worker/client.py. "
         "`model` and `parallelism` then only size the plan.",
     )
+    environment: ScriptEnvironment | None = Field(
+        default=None,
+        description="The Python the entrypoint runs in ({python: /shared/envs/x/bin/python}): "
+        "a venv or conda environment with torch and runyard_client installed, checked as the "
+        "run's owner at submission; None: runyard's own. Needs an entrypoint.",
+    )
+    progress: ProgressPattern | None = Field(
+        default=None,
+        description="For a script that never imports runyard: {pattern: REGEX} with named "
+        "groups step and (optional) loss, matched on rank 0's output lines; the matches are "
+        "the run's progress reports. Needs an entrypoint.",
+    )
+    resume: ScriptResume | None = Field(
+        default=None,
+        description="For a script that never imports runyard: {save_flag, flag}, its own "
+        "flags for the folder it saves checkpoints in and the checkpoint it resumes from; "
+        "runyard passes the run's folder and the resume point, and commits the checkpoints "
+        "the script completes there. Needs an entrypoint.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +212,18 @@ class RunSpec(_Spec):
                 "(`runyard run submit` does this for you)"
             )
         return data
+
+    @field_validator("environment", "progress", "resume")
+    @classmethod
+    def _needs_an_entrypoint(cls, value: Any, info: ValidationInfo) -> Any:
+        # runyard's trainer runs in runyard's environment and reports itself. An entrypoint
+        # that failed its own validation is not in `data`, and is the error to read then.
+        if value is not None and "entrypoint" in info.data and info.data["entrypoint"] is None:
+            raise ValueError(
+                "only for an entrypoint script: runyard's own trainer runs in runyard's "
+                "environment and reports its own progress and checkpoints"
+            )
+        return value
 
     @model_validator(mode="after")
     def _min_nodes_fit(self) -> RunSpec:
@@ -318,6 +350,15 @@ class RunOut(BaseModel):
     )
 
 
+class ScriptPythonOut(BaseModel):
+    """What the user's interpreter answered, run as the run's owner."""
+
+    python: str = Field(description="The interpreter's path, as the spec names it.")
+    python_version: str
+    torch_version: str
+    client_protocol: int = Field(description="Its runyard_client's PROTOCOL_VERSION.")
+
+
 class RunDecision(BaseModel):
     """What the service decides for a spec, without creating the run (`--dry-run`)."""
 
@@ -332,6 +373,11 @@ class RunDecision(BaseModel):
     replica_groups: int = Field(
         default=1,
         description="Replica groups the run would train as (1: none, classic recovery).",
+    )
+    environment: ScriptPythonOut | None = Field(
+        default=None,
+        description="The entrypoint's own Python as its owner ran it at this check "
+        "(`environment.python`); None: runyard's.",
     )
 
 

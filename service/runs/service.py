@@ -34,9 +34,17 @@ from service.models import Attempt, Run, RunState, Sweep, Team
 from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
 from service.runs import repository
+from service.runs.environment import script_python
 from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
 from service.runs.lifecycle import record_event, set_run_state
-from service.runs.schemas import AttemptOut, HfModelSpec, RunDecision, RunOut, RunSpec
+from service.runs.schemas import (
+    AttemptOut,
+    HfModelSpec,
+    RunDecision,
+    RunOut,
+    RunSpec,
+    ScriptPythonOut,
+)
 from service.slurm.commands import SlurmError
 from service.tracking.spec import unavailable as trackers_unavailable
 
@@ -63,6 +71,12 @@ def model_shape(spec: RunSpec) -> ModelShape | None:
 def reads_files(spec: RunSpec) -> bool:
     """Whether planning the spec reads the owner's files (a data folder, a from_hf config)."""
     return isinstance(spec.model, HfModelSpec) or spec.data != BUILTIN_DATA
+
+
+def acts_as_owner(spec: RunSpec) -> bool:
+    """Whether checking the spec starts the owner's program: it reads their files, or runs
+    their interpreter (`environment.python`, service/runs/environment.py)."""
+    return reads_files(spec) or spec.environment is not None
 
 
 def owner_inputs(
@@ -234,28 +248,30 @@ def decide(
     principal: Principal | None = None,
     *,
     quota: bool = True,
-) -> tuple[ModelShape, Resolved]:
+) -> tuple[ModelShape, Resolved, ScriptPythonOut | None]:
     """Everything the service decides about a spec before it becomes a run: who it runs
-    as, the layout, the plan, and the team's quota. `--dry-run` stops here."""
+    as, the layout, the plan, the team's quota, and the Python an entrypoint runs in, as
+    its owner runs it. `--dry-run` stops here."""
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
-    if owner is not None and reads_files(spec) and not session.in_nested_transaction():
+    if owner is not None and acts_as_owner(spec) and not session.in_nested_transaction():
         # The owner's inputs are read by another process: no transaction waits on it.
         session.rollback()
     shape, resolved = resolve(spec, settings, owner, calibration)
+    python = script_python(spec, owner, settings)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     team = principal.team if principal is not None else None
     if (problem := trackers_unavailable(spec.tracking, settings, session, team)) is not None:
         raise InvalidSpec(problem)
-    return shape, resolved
+    return shape, resolved, python
 
 
 def dry_run(
     session: Session, spec: RunSpec, settings: Settings, principal: Principal | None = None
 ) -> RunDecision:
     """What `create_run` would decide for this spec, creating nothing."""
-    shape, resolved = decide(session, spec, settings, principal)
+    shape, resolved, python = decide(session, spec, settings, principal)
     pinned = (
         [] if spec.parallelism == "auto" else sorted(spec.parallelism.model_dump(exclude_none=True))
     )
@@ -266,6 +282,7 @@ def dry_run(
         pinned=pinned,
         plan=resolved.plan,
         replica_groups=replica_groups_of(resolved),
+        environment=python,
     )
 
 
@@ -278,7 +295,7 @@ def create_run(
     quota: bool = True,
 ) -> Run:
     """Resolve, plan and admit one run; `quota=False` when the caller checked it for a group."""
-    shape, resolved = decide(session, spec, settings, principal, quota=quota)
+    shape, resolved, _ = decide(session, spec, settings, principal, quota=quota)
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     run = Run(
         name=spec.name,
@@ -451,6 +468,9 @@ def worker_config(
         resume_from=ResumePoint(step=newest.step, path=newest.path) if newest else None,
         init_from_hf=spec.model.from_hf if isinstance(spec.model, HfModelSpec) else None,
         entrypoint=spec.entrypoint,
+        environment=spec.environment,
+        progress=spec.progress,
+        resume=spec.resume,
         fault_tolerance=replica,
         spike=spec.spike,
         sdc_check_every=spec.sdc_check_every,
