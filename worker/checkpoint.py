@@ -60,12 +60,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from contract import ResumePoint
-from worker import faults
 from worker.background import lower_priority
 from worker.checkpoint_cost import SaveCost, SaveCostMeter
 from worker.checkpoint_staging import HostCopy
 from worker.errors import CheckpointNotCommittedError, WorkerError
-from worker.faults import maybe_crash, stall_write
+from worker.fault_points import NO_FAULTS, FaultPoints
 from worker.files import folder_size, remove_tree, write_atomic
 from worker.save_options import SaveOptions
 
@@ -209,22 +208,27 @@ class ChecksummingWriter(FileSystemWriter):
 
     The files are written without torch.save's zip CRC-32 of every record: our SHA-256
     manifest already covers every byte, and the CRC is a second pass over the state on the
-    writer's CPU, beside training (torch.load reads such files; zip tools would warn)."""
+    writer's CPU, beside training (torch.load reads such files; zip tools would warn).
+    `fault_points` travel with the writer, pickled to a writer process with it."""
 
     def __init__(
-        self, path: Path, rank: int, step: int = -1, options: SaveOptions | None = None
+        self,
+        path: Path,
+        rank: int,
+        step: int = -1,
+        options: SaveOptions | None = None,
+        fault_points: FaultPoints = NO_FAULTS,
     ) -> None:
         super().__init__(path)
         self.folder, self.own_rank = path, rank  # FileSystemWriter has a `rank` of its own
-        self.step = step  # for the fault hooks (worker/faults.py)
+        self.step = step  # what the fault points are told
         self.options = options or SaveOptions()
-        self.faults = faults.snapshot()  # the trainer's, for a writer in another process
+        self.fault_points = fault_points
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
         if self.options.writer_process:  # in the writer's own process, never training's
             lower_priority()
-            faults.restore(self.faults)
-        stall_write(self.step, self.own_rank)  # fault hooks: a slow disk, a writer holding the GIL
+        self.fault_points.write(self.step, self.own_rank)  # a slow disk, a writer holding the GIL
         crc32 = torch.serialization.get_crc32_options()
         torch.serialization.set_crc32_options(self.options.zip_crc32)  # only checkpoints save
         try:
@@ -251,7 +255,7 @@ class ChecksummingWriter(FileSystemWriter):
         manifest = {"algorithm": CHECKSUM, "files": files}
         write_atomic(self.folder / MANIFEST, json.dumps(manifest).encode())
         # The commit's check, once every rank's files are written: read them all back.
-        maybe_crash("before_verify", self.step, 0, self.folder)
+        self.fault_points.before_verify(self.step, 0, self.folder)
         write_atomic(self.folder / VERDICT, json.dumps({"problem": verify(self.folder)}).encode())
 
 
@@ -323,10 +327,12 @@ def _remove_stale(path: Path, rank: int) -> None:
     dist.barrier()  # sync: the stale folder is gone on every rank's view
 
 
-def _commit(path: Path, step: int, rank: int, corrupt: str | None = None) -> int:
+def _commit(
+    path: Path, step: int, rank: int, corrupt: str | None, fault_points: FaultPoints
+) -> int:
     """Rank 0 writes the marker (CORRUPT instead, if the files failed verification);
     returns the folder's size there (0 elsewhere)."""
-    maybe_crash("before_commit", step, rank)
+    fault_points.before_commit(step, rank)
     if rank != 0:
         return 0
     if corrupt is not None:
@@ -339,22 +345,28 @@ def _commit(path: Path, step: int, rank: int, corrupt: str | None = None) -> int
         "checksums": CHECKSUM,  # MANIFEST.json holds them; verify() checks against it
     }
     write_atomic(path / MARKER, json.dumps(marker).encode())
-    maybe_crash("after_commit", step, rank, path)
+    fault_points.after_commit(step, rank, path)
     return folder_size(path)
 
 
-def save(checkpoint_dir: Path, step: int, state: dict[str, Stateful]) -> SavedCheckpoint:
+def save(
+    checkpoint_dir: Path,
+    step: int,
+    state: dict[str, Stateful],
+    fault_points: FaultPoints = NO_FAULTS,
+) -> SavedCheckpoint:
     """Save synchronously, then commit: training waits for the whole write. Every rank
     must call it. (AsyncCheckpointer is what training uses; this is the baseline.)"""
     rank = dist.get_rank()
     path = step_folder(checkpoint_dir, step)
     start = time.perf_counter()
     _remove_stale(path, rank)
+    writer = ChecksummingWriter(path, rank, step, fault_points=fault_points)
     # collective: each rank writes its part and its checksums, rank 0 metadata and manifest
-    dcp.save(state, checkpoint_id=path, storage_writer=ChecksummingWriter(path, rank, step))
+    dcp.save(state, checkpoint_id=path, storage_writer=writer)
     dist.barrier()  # sync: every rank's files are complete before the commit
     corrupt = _verdict(path) if rank == 0 else None
-    num_bytes = _commit(path, step, rank, corrupt)
+    num_bytes = _commit(path, step, rank, corrupt, fault_points)
     elapsed = time.perf_counter() - start
     return SavedCheckpoint(step, path, num_bytes, elapsed, elapsed, corrupt)
 
@@ -385,6 +397,7 @@ class AsyncCheckpointer:
 
     Each save's cost to training is measured (worker/checkpoint_cost.py): every wait for it
     here, and the steps beside it against the usual pace, which needs poll() once a step.
+    `fault_points` (worker/fault_points.py) go to every save's writer and commit.
     """
 
     def __init__(
@@ -392,9 +405,11 @@ class AsyncCheckpointer:
         checkpoint_dir: Path,
         state: dict[str, Stateful],
         options: SaveOptions | None = None,
+        fault_points: FaultPoints = NO_FAULTS,
     ) -> None:
         self.checkpoint_dir, self.state = checkpoint_dir, state
         self.options = options or SaveOptions.from_env()
+        self.fault_points = fault_points
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo")  # collective: every rank creates it
         self.in_flight: _InFlight | None = None
@@ -412,7 +427,9 @@ class AsyncCheckpointer:
         response = dcp.async_save(
             self.state,
             checkpoint_id=path,
-            storage_writer=ChecksummingWriter(path, self.rank, step, self.options),
+            storage_writer=ChecksummingWriter(
+                path, self.rank, step, self.options, self.fault_points
+            ),
             process_group=self.group,
             async_checkpointer_type=AsyncCheckpointerType.PROCESS
             if self.options.writer_process
@@ -459,7 +476,7 @@ class AsyncCheckpointer:
         start = time.perf_counter()
         done.future.result()
         corrupt = _verdict(done.path) if self.rank == 0 else None
-        num_bytes = _commit(done.path, done.step, self.rank, corrupt)
+        num_bytes = _commit(done.path, done.step, self.rank, corrupt, self.fault_points)
         now = time.perf_counter()
         self.cost.blocked(now - start)
         cost = self.cost.finished()

@@ -7,7 +7,7 @@ seconds is the duration of the faults that sleep. So "raise_after_step:30:*" fai
 attempt of every run at step 30, "corrupt_after_commit:40:0:1@ck-corrupt" corrupts only run
 ck-corrupt's first attempt, and "pace_step:1:*=0.06" makes every step of every run take at
 least 60 ms.
-Faults (and the point of the step where each fires):
+Faults (and the point of the step where each fires: worker/fault_points.py names them):
   after_step            SIGKILL, like a lost node: no cleanup, no exit handler. The optimizer
                         step is done (a checkpoint due at it may still be writing: saves
                         are asynchronous).
@@ -48,7 +48,10 @@ Faults (and the point of the step where each fires):
                         value of its parameters: its data-parallel replica silently
                         differs from the others, as a bit flip in a GPU's memory or ALU
                         would leave it. The loss barely moves; the SDC check must find it.
-Unset in production; the e2e suite, tests/unit/worker and tests/integration set it.
+Unset in production; the e2e suite, tests/unit/worker and tests/integration set it. A rank
+reads it once, at its start (train(): fault_points_from_env): InjectedFaults keeps the faults
+that name its run and attempt, and the loop, the step and the checkpointer call it at their
+hook points (worker/fault_points.py); unset, they get NO_FAULTS, which does nothing.
 """
 
 from __future__ import annotations
@@ -58,15 +61,16 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from worker.fault_points import NO_FAULTS, FaultPoints
 from worker.shards import INT_VIEWS, local_shard
 
-# fault -> the point of the step where it fires
+# fault -> the hook point where it fires (a method of FaultPoints)
 FAULTS = {
     "after_step": "after_step",
     "before_commit": "before_commit",
@@ -74,7 +78,7 @@ FAULTS = {
     "corrupt_before_commit": "before_verify",
     "corrupt_after_commit": "after_commit",
     "nan_at_step": "step_values",
-    "slow_step": "update",
+    "slow_step": "in_update",
     "flip_param": "after_update",
     "slow_checkpoint_write": "write",
     "gil_checkpoint_write": "write",
@@ -84,7 +88,7 @@ FAULTS = {
 FROM_STEP_ON = frozenset({"slow_step", "pace_step"})
 # Faults that sleep, and so take =<seconds>.
 SLEEPING = frozenset({"slow_step", "pace_step", "slow_checkpoint_write", "gil_checkpoint_write"})
-DEFAULT_SLOW_S = 0.3
+DEFAULT_SLOW_S = 0.3  # how long a sleeping fault without =<seconds> sleeps
 POINTS = tuple(sorted(set(FAULTS.values())))
 
 
@@ -101,38 +105,16 @@ class Fault:
     run: str | None  # None: every run
     seconds: float | None = None  # how long a fault that sleeps sleeps
 
+    def names(self, run: str | None, attempt: int | None) -> bool:
+        """Whether this fault applies to `run`'s attempt `attempt`."""
+        return self.run in (None, run) and self.attempt in (None, attempt)
+
     def fires(self, point: str, step: int, rank: int) -> bool:
         return (
             FAULTS[self.name] == point
             and (self.step <= step if self.name in FROM_STEP_ON else self.step == step)
             and self.rank in (None, rank)
-            and self.attempt in (None, _context["attempt"])
-            and self.run in (None, _context["run"])
         )
-
-
-_context: dict[str, object] = {"run": None, "attempt": None}
-
-
-def set_context(run: str, attempt: int) -> None:
-    """Which run and attempt this process trains (faults may name either)."""
-    _context.update(run=run, attempt=attempt)
-
-
-def snapshot() -> dict[str, object]:
-    """This process's faults and context, for work that runs in another process (the
-    checkpoint writer's): restore() them there before a fault point."""
-    return {"spec": os.environ.get("RUNYARD_FAULT"), **_context}
-
-
-def restore(saved: dict[str, object]) -> None:
-    """Take the faults and context of the process that made `saved` (see snapshot())."""
-    spec = saved["spec"]
-    if spec:
-        os.environ["RUNYARD_FAULT"] = str(spec)
-    else:
-        os.environ.pop("RUNYARD_FAULT", None)
-    _context.update(run=saved["run"], attempt=saved["attempt"])
 
 
 def parse(spec: str) -> list[Fault]:
@@ -166,93 +148,132 @@ def _seconds(item: str, text: str) -> float:
     return seconds
 
 
-def _firing(point: str, step: int, rank: int) -> list[Fault]:
-    spec = os.environ.get("RUNYARD_FAULT")
+def fault_points(
+    spec: str | None, run: str | None, attempt: int | None, slow_s: float = DEFAULT_SLOW_S
+) -> FaultPoints:
+    """The hook points for RUNYARD_FAULT's `spec` in `run`'s attempt `attempt`: the faults
+    that name them, or NO_FAULTS if none does. `slow_s`: the sleep of a sleeping fault
+    without =<seconds>. Raises ValueError on a spec that does not parse."""
+    named = [fault for fault in parse(spec or "") if fault.names(run, attempt)]
+    return InjectedFaults(named, slow_s) if named else NO_FAULTS
+
+
+def fault_points_from_env(
+    run: str | None, attempt: int | None, environ: Mapping[str, str] = os.environ
+) -> FaultPoints:
+    """What a rank's start-up calls, once: the hook points RUNYARD_FAULT (and
+    RUNYARD_FAULT_SLOW_S) set for this run and attempt; NO_FAULTS where it is unset."""
+    spec = environ.get("RUNYARD_FAULT")
     if not spec:
-        return []
-    return [fault for fault in parse(spec) if fault.fires(point, step, rank)]
+        return NO_FAULTS
+    slow_s = float(environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
+    return fault_points(spec, run, attempt, slow_s)
 
 
-def maybe_crash(point: str, step: int, rank: int, folder: Path | None = None) -> None:
-    """Act on every fault RUNYARD_FAULT names for this point, step and rank (and this
-    process's run and attempt). `folder`: the checkpoint being committed, if any."""
-    for fault in _firing(point, step, rank):
-        if fault.name.startswith("corrupt_"):
-            assert folder is not None, f"{fault.name} fires only where a checkpoint is committed"
-            corrupt_one_byte(folder, rank)
-        elif fault.name == "raise_after_step":
-            print(f"RUNYARD_FAULT: raising on rank {rank} at step {step}", flush=True)
-            raise InjectedFault(f"injected failure at step {step}")
-        else:
-            print(f"RUNYARD_FAULT: killing rank {rank} at {point} of step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+class InjectedFaults(FaultPoints):
+    """The hook points acting on the faults of this rank's run and attempt. Plain data (the
+    faults and a duration), so a checkpoint writer process receives it with its writer."""
 
+    def __init__(self, faults: Sequence[Fault], slow_s: float = DEFAULT_SLOW_S) -> None:
+        self.faults, self.slow_s = tuple(faults), slow_s
 
-def poisoned(step: int, rank: int) -> bool:
-    """Whether nan_at_step names this step and rank (and this process's run and attempt):
-    the loop then multiplies the step's loss by NaN."""
-    return any(fault.name == "nan_at_step" for fault in _firing("step_values", step, rank))
+    def firing(self, point: str, step: int, rank: int) -> list[Fault]:
+        """The faults that fire at `point` of `step` on `rank`, in the spec's order."""
+        return [fault for fault in self.faults if fault.fires(point, step, rank)]
 
+    def _seconds_of(self, fault: Fault) -> float:
+        return self.slow_s if fault.seconds is None else fault.seconds
 
-def slow_down(step: int, rank: int) -> float:
-    """Sleep as slow_step says for this step and rank; how long it slept (0: no fault)."""
-    firing = _firing("update", step, rank)
-    if not firing:
-        return 0.0
-    default = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
-    seconds = max(default if f.seconds is None else f.seconds for f in firing)
-    time.sleep(seconds)
-    return seconds
-
-
-def stall_write(step: int, rank: int) -> float:
-    """In the checkpoint writer's thread, before it writes `step`'s files: sleep as
-    slow_checkpoint_write says, hold the GIL as gil_checkpoint_write says. How long in all."""
-    total = 0.0
-    for fault in _firing("write", step, rank):
-        default = float(os.environ.get("RUNYARD_FAULT_SLOW_S", DEFAULT_SLOW_S))
-        seconds = default if fault.seconds is None else fault.seconds
-        print(f"RUNYARD_FAULT: {fault.name} {seconds}s on rank {rank}, step {step}", flush=True)
-        if fault.name == "gil_checkpoint_write":
-            # A C function called through ctypes.PyDLL keeps the GIL (CDLL would release it).
-            ctypes.PyDLL(None).usleep(ctypes.c_uint(round(seconds * 1e6)))
-        else:
+    def in_update(self, step: int, rank: int) -> None:
+        """slow_step: sleep in the timed update, as a throttled or failing GPU would."""
+        seconds = self.slow_down_s(step, rank)
+        if seconds is not None:
             time.sleep(seconds)
-        total += seconds
-    return total
 
+    def slow_down_s(self, step: int, rank: int) -> float | None:
+        """How long slow_step makes `step`'s update sleep on `rank` (None: it does not)."""
+        firing = self.firing("in_update", step, rank)
+        return max(map(self._seconds_of, firing)) if firing else None
 
-def pace(step: int, rank: int, step_started: float, shares: int = 1) -> float:
-    """If pace_step names this step and rank: sleep until the step, begun at `step_started`
-    (time.monotonic()), has taken the longest pace named times the `shares` of the global
-    batch it trained. How long it slept."""
-    firing = _firing("step_end", step, rank)
-    if not firing:
-        return 0.0
-    floor = max(f.seconds or 0.0 for f in firing) * shares
-    rest = floor - (time.monotonic() - step_started)
-    if rest > 0:
-        time.sleep(rest)
-    return max(rest, 0.0)
+    def after_update(self, step: int, rank: int, parameters: Sequence[torch.Tensor]) -> None:
+        """flip_param: flip a low mantissa bit of the first value of this rank's first
+        parameter shard, in place (the value changes by about 1e-4 of itself: the loss
+        cannot tell, and it is high enough that later updates do not round it away)."""
+        if not self.firing("after_update", step, rank):
+            return
+        local = local_shard(next(iter(parameters)))
+        # The SDC check's own integer view of the value; the mantissa bit by its width: bit
+        # 10 of a float32's 23, bit 3 of a bfloat16's 7 (a float16's 10), bit 40 of a
+        # float64's 52.
+        view = INT_VIEWS.get(local.dtype, torch.int64)
+        bit = {torch.int32: 10, torch.int16: 3}.get(view, 40)
+        with torch.no_grad():
+            bits = local.view(-1)[:1].view(view)
+            bits ^= 1 << bit
+        print(
+            f"RUNYARD_FAULT: flipped a parameter bit on rank {rank} after step {step}", flush=True
+        )
 
+    def step_values(self, step: int, rank: int, loss_sum: torch.Tensor) -> torch.Tensor:
+        """nan_at_step: the loss multiplied by NaN on the device (no host sync), as a bad
+        batch or an overflow would leave it."""
+        if any(fault.name == "nan_at_step" for fault in self.firing("step_values", step, rank)):
+            return loss_sum * float("nan")
+        return loss_sum
 
-def flip_param(step: int, rank: int, parameters: Iterable[torch.Tensor]) -> bool:
-    """If flip_param names this step and rank: flip a low mantissa bit of the first value of
-    this rank's first parameter shard, in place (the value changes by about 1e-4 of itself:
-    the loss cannot tell, and it is high enough that later updates do not round it away).
-    True if it flipped one."""
-    if not _firing("after_update", step, rank):
-        return False
-    local = local_shard(next(iter(parameters)))
-    # The SDC check's own integer view of the value; the mantissa bit by its width: bit 10
-    # of a float32's 23, bit 3 of a bfloat16's 7 (a float16's 10), bit 40 of a float64's 52.
-    view = INT_VIEWS.get(local.dtype, torch.int64)
-    bit = {torch.int32: 10, torch.int16: 3}.get(view, 40)
-    with torch.no_grad():
-        bits = local.view(-1)[:1].view(view)
-        bits ^= 1 << bit
-    print(f"RUNYARD_FAULT: flipped a parameter bit on rank {rank} after step {step}", flush=True)
-    return True
+    def after_step(self, step: int, rank: int) -> None:
+        self._act("after_step", step, rank)
+
+    def step_end(self, step: int, rank: int, started: float, shares: int) -> None:
+        """pace_step: sleep out the rest of the step's floor (see pace_rest_s)."""
+        rest = self.pace_rest_s(step, rank, started, shares)
+        if rest > 0:
+            time.sleep(rest)
+
+    def pace_rest_s(self, step: int, rank: int, started: float, shares: int = 1) -> float:
+        """How long `step`, begun at `started` (time.monotonic()), has left to sleep to take
+        the longest pace named times the `shares` of the global batch it trained (0.0: no
+        pace, or already slower than it)."""
+        firing = self.firing("step_end", step, rank)
+        if not firing:
+            return 0.0
+        floor = max(f.seconds or 0.0 for f in firing) * shares
+        return max(floor - (time.monotonic() - started), 0.0)
+
+    def write(self, step: int, rank: int) -> None:
+        """slow_checkpoint_write sleeps, gil_checkpoint_write holds the GIL: in the writer's
+        thread (or process), before it writes `step`'s files."""
+        for fault in self.firing("write", step, rank):
+            seconds = self._seconds_of(fault)
+            print(f"RUNYARD_FAULT: {fault.name} {seconds}s on rank {rank}, step {step}", flush=True)
+            if fault.name == "gil_checkpoint_write":
+                # A C function called through ctypes.PyDLL keeps the GIL (CDLL would release it).
+                ctypes.PyDLL(None).usleep(ctypes.c_uint(round(seconds * 1e6)))
+            else:
+                time.sleep(seconds)
+
+    def before_verify(self, step: int, rank: int, folder: Path) -> None:
+        self._act("before_verify", step, rank, folder)
+
+    def before_commit(self, step: int, rank: int) -> None:
+        self._act("before_commit", step, rank)
+
+    def after_commit(self, step: int, rank: int, folder: Path) -> None:
+        self._act("after_commit", step, rank, folder)
+
+    def _act(self, point: str, step: int, rank: int, folder: Path | None = None) -> None:
+        """The faults that crash, fail or corrupt: act on every one firing at `point`.
+        `folder`: the checkpoint being committed, if any."""
+        for fault in self.firing(point, step, rank):
+            if fault.name.startswith("corrupt_"):
+                assert folder is not None, f"{fault.name} fires only where a checkpoint commits"
+                corrupt_one_byte(folder, rank)
+            elif fault.name == "raise_after_step":
+                print(f"RUNYARD_FAULT: raising on rank {rank} at step {step}", flush=True)
+                raise InjectedFault(f"injected failure at step {step}")
+            else:
+                print(f"RUNYARD_FAULT: killing rank {rank} at {point} of step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def corrupt_one_byte(folder: Path, rank: int) -> Path:

@@ -8,12 +8,14 @@ cross entropy and the gradient is that of the mean over the whole global batch.
 A step leaves its loss and gradient norm on the device: ReportWindow keeps them until the
 loop's next report, which reads the whole window back in one go. Reading a value on every
 step would make the host wait for the GPU to drain its queue every step, and the GPU then
-idles while the host launches the next step's first kernels.
+idles while the host launches the next step's first kernels. ReportCadence decides on which
+steps that report comes (the same on every rank) and sends what it read to rank 0's reporter.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +27,17 @@ import torch.nn.functional as F
 from contract import WorkerRunConfig
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches
+from worker.distributed import node_name
+from worker.fault_points import NO_FAULTS, FaultPoints
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync
-from worker.stragglers import UpdateTimer
+from worker.reporter import Reporter
+from worker.stragglers import UpdateTimer, node_update_s, rank_nodes
+
+# At most this many steps between two reports: bounds the device values a window holds
+# and how late a stop is seen when a step is much faster than report_interval_s.
+MAX_STEPS_PER_REPORT = 100
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -136,7 +145,8 @@ def train_step(
     sync: CrossGroupSync,
     before_update: Callable[[], None] | None = None,
     update_timer: UpdateTimer | None = None,
-    slow_down: Callable[[], object] | None = None,
+    fault_points: FaultPoints = NO_FAULTS,
+    data_position: int | None = None,
 ) -> tuple[torch.Tensor, int, torch.Tensor] | None:
     """One optimizer step, without a host sync: returns the loss sum and its count over
     every share (as forward_backward) and the global gradient norm before clipping, on the
@@ -144,12 +154,15 @@ def train_step(
     loop trains it again). `sync` is the cross-group synchronizer (worker/cross_group.py).
     `before_update` runs just before the weights change (the loop waits there for a
     checkpoint's copy of them). `update_timer` times the update, the rank's own work with
-    no collective in it (worker/stragglers.py); `slow_down` runs inside it (fault hook)."""
+    no collective in it (worker/stragglers.py). `fault_points`: where a test's fault may
+    enter the step (worker/fault_points.py). `data_position`: where in the data `step`'s
+    batch is (contract.run_config.data_step; default `step` itself)."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr  # a Python float: AdamW reads it on the host
+    position = step if data_position is None else data_position
     loss_sum, num_losses = forward_backward(
-        model, batches, step, config, dims, device, sync.shares()
+        model, batches, position, config, dims, device, sync.shares()
     )
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     # sync (groups): gradient shards and losses summed with the same mesh coordinate in
@@ -164,8 +177,7 @@ def train_step(
         before_update()
     if update_timer is not None:
         update_timer.start()
-    if slow_down is not None:
-        slow_down()
+    fault_points.in_update(step, dist.get_rank())  # slow_step: in the timed update
     for optimizer in optimizers:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -288,3 +300,90 @@ class ReportWindow:
         return WindowReport(
             figures, stop > 0, max(1, round(steps_to_next)), elapsed_s, rank_update_s, round(every)
         )
+
+
+class ReportCadence:
+    """When the ranks report, and what a report tells rank 0's reporter.
+
+    Reports are the loop's only host syncs. Every rank must report on the same steps (a
+    report is a collective), so the cadence is counted in steps: every step at first,
+    then as many as take about report_interval_s, as rank 0 measured and told the others
+    at the previous report. Checkpoint steps and the last step always report (the loop
+    asks for those). Slow nodes: every rank times its update (its own work, no collective
+    in it); the reports carry every rank's mean, and rank 0 sends each node's slowest."""
+
+    def __init__(
+        self,
+        config: WorkerRunConfig,
+        reporter: Reporter,
+        device: torch.device,
+        trained: int,
+        is_rank0: bool,
+        time_limit_near: threading.Event | None,
+    ) -> None:
+        self.config, self.reporter, self.device, self.is_rank0 = config, reporter, device, is_rank0
+        self.time_limit_near = time_limit_near or threading.Event()
+        self.window = ReportWindow(device)
+        self.next_step, self.steps_wish = trained + 1, 1
+        self.update_timer, self.nodes = UpdateTimer(device), rank_nodes(node_name())
+        self.cancel = self.stopped = False  # rank 0 saw the service cancel; a report said stop
+
+    def add(
+        self, step: int, loss_sum: torch.Tensor, num_losses: int, grad_norm: torch.Tensor, lr: float
+    ) -> None:
+        self.window.add(step, loss_sum, num_losses, grad_norm, lr)
+
+    def due(self, step: int) -> bool:
+        return step >= self.next_step
+
+    def close(self) -> WindowReport:
+        """Every rank, on the same step. sync (host and ranks): the window's losses come
+        back, and with them any rank's reason to stop (the service cancelling the run, seen
+        by rank 0; Slurm's time-limit signal, which ranks may see at different steps), so
+        that every rank stops after the same step. A stop is therefore seen within about
+        report_interval_s, well inside the lead time of Slurm's signal."""
+        self.cancel = self.is_rank0 and self.reporter.cancel_requested
+        report = self.window.close(
+            stop_requested=self.cancel or self.time_limit_near.is_set(),
+            steps_to_next_report=self.steps_wish if self.is_rank0 else 0,
+            update_s=self.update_timer.take_mean_s(),
+            checkpoint_every=(self.reporter.checkpoint_every or 0) if self.is_rank0 else 0,
+        )
+        self.stopped = report.stop
+        return report
+
+    def open_next(self, step: int, report: WindowReport) -> None:
+        """After what runs between windows (an evaluation): the next window and when it
+        reports; rank 0 reports the closed one."""
+        self.window = ReportWindow(self.device)
+        self.next_step = step + report.steps_to_next_report
+        wish = int(self.config.report_interval_s / report.step_time_s)
+        self.steps_wish = max(1, min(MAX_STEPS_PER_REPORT, wish))
+        if self.is_rank0:
+            self._send(report)
+            self.reporter.node_update_s(step, node_update_s(report.rank_update_s, self.nodes))
+
+    def _send(self, report: WindowReport) -> None:
+        """Rank 0: one line for the window's last step, and one metric row per step."""
+        tokens_per_s = self.config.global_batch * self.config.seq_len / report.step_time_s
+        last = report.steps[-1]
+        print(
+            f"step {last.step}/{self.config.steps} loss {last.loss:.4f} lr {last.lr:.2e} "
+            f"grad_norm {last.grad_norm:.3f} tok/s {tokens_per_s:.0f} "
+            f"step_time {report.step_time_s:.3f}s",
+            flush=True,
+        )
+        if report.non_finite_steps:  # checked here, in bulk: reading them per step would sync
+            print(f"warning: non-finite loss or gradient norm at steps {report.non_finite_steps}")
+        for figures in report.steps:
+            # A non-finite loss has no JSON form (the service's API would fail on it): the
+            # anomaly report names it instead (worker/anomaly.py), and the step has no row.
+            if math.isfinite(figures.loss):
+                self.reporter.metric(
+                    figures.step, figures.loss, tokens_per_s, report.step_time_s, lr=figures.lr
+                )
+
+    def say_why_stopping(self, step: int) -> None:
+        if self.is_rank0:
+            why = "the service is cancelling the run" if self.cancel else "Slurm time limit near"
+            print(f"stopping after step {step}: {why}", flush=True)

@@ -1,5 +1,11 @@
 """The training loop: one flat function, every synchronisation point commented.
 
+Its concerns are components the loop calls around each step, each written once for the
+plain and the replica-group runs: the step itself (worker/step.py train_step), when to
+report (ReportCadence), when to save and what becomes of a save (CheckpointCadence), the
+anomaly and silent-data-corruption checks (HealthChecks), the other replica groups
+(CrossGroupSync) and the points where a test's fault may enter (FaultPoints).
+
 Standalone use (no service; reports go to stdout and, with --metrics-file, a JSON-lines file):
     torchrun --nproc-per-node 2 -m worker.train --spec run.yaml --checkpoint-dir ckpt --resume
 Under the service, entry.run_attempt fetches the config and calls train() with an HTTP reporter.
@@ -8,14 +14,13 @@ Under the service, entry.run_attempt fetches the config and calls train() with a
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,29 +33,32 @@ import yaml
 
 from contract import ExitCode, ResumePoint, WorkerRunConfig, check_dataset
 from contract.run_config import data_step
-from worker import checkpoint, faults, sdc
+from worker import checkpoint, sdc
 from worker.anomaly import Anomaly, SpikeDetector, TrainingAnomalyError
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
 from worker.distributed import (
     LaunchEnv,
     init_distributed,
-    node_name,
     pick_device,
     read_launch_env,
     shutdown_distributed,
 )
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.evaluate import Evaluator
-from worker.parallel import ParallelDims, build_training_model, check_supported
+from worker.fault_points import NO_FAULTS, FaultPoints
+from worker.faults import fault_points_from_env
+from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
 from worker.reporter import FileReporter, Reporter
-from worker.step import ReportWindow, WindowReport, build_optimizer, next_token_loss, train_step
-from worker.stragglers import UpdateTimer, node_update_s, rank_nodes
+from worker.step import (
+    ReportCadence,
+    WindowReport,
+    build_optimizer,
+    next_token_loss,
+    train_step,
+)
 
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak (Llama 2/3 recipe)
-# At most this many steps between two reports: bounds the device values a window holds
-# and how late a stop is seen when a step is much faster than report_interval_s.
-MAX_STEPS_PER_REPORT = 100
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,8 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
     problems = check_dataset(config.data, config.model, config.seq_len, config.eval_every)
     if problems:
         raise DoNotRetryError("; ".join(f"{p.field}: {p.message}" for p in problems))
-    faults.set_context(config.name, config.attempt_number)  # faults may name either
+    # The tests' faults (RUNYARD_FAULT), read once: those naming this run and attempt.
+    fault_points = fault_points_from_env(config.name, config.attempt_number)
     if config.fault_tolerance is not None:
         from worker import fault_tolerance  # torchft: only replica-group runs import it
 
@@ -157,7 +166,7 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
         # Slurm sends SIGUSR2 ahead of the time limit (sbatch --signal, set by the service):
         # stop at the next step with a checkpoint instead of being killed between two.
         with _event_on_signal(signal.SIGUSR2) as time_limit_near:
-            result = train_loop(config, reporter, device, time_limit_near, sync)
+            result = train_loop(config, reporter, device, time_limit_near, sync, fault_points)
         sync.close(failed=False)
         return result
     except BaseException as exc:
@@ -176,7 +185,8 @@ def train(config: WorkerRunConfig, launch: LaunchEnv, reporter: Reporter) -> Tra
 def _note_failed_step(exc: BaseException) -> None:
     """Set `exc.runyard_step` to the step train_loop was at when `exc` escaped it: entry.py
     reports it, and the service compares a repeat failure by it (service/recovery/restart.py).
-    Read from the loop's frame, so the loop needs no try block around every step."""
+    Read from the loop's frame, so the loop needs no try block around every step (the loop
+    over the steps must stay in train_loop itself, its helpers below it on the stack)."""
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is train_loop.__code__ and "step" in tb.tb_frame.f_locals:
@@ -190,37 +200,116 @@ def train_loop(
     device: torch.device,
     time_limit_near: threading.Event | None = None,
     sync: CrossGroupSync | None = None,
+    fault_points: FaultPoints = NO_FAULTS,
 ) -> TrainResult:
-    """Train on the default process group, which the caller set up (train() does; the
-    layout tests train several layouts in one group of processes). `sync` links this
-    group to the run's other replica groups (worker/fault_tolerance.py); without it, or
-    with the plain CrossGroupSync, the run is this one group. The loop is the same."""
-    time_limit_near = time_limit_near or threading.Event()
+    """Train on the default process group, which the caller set up (train() does; the layout
+    tests train several layouts in one). `sync`: the run's other replica groups, if any
+    (worker/cross_group.py); `fault_points`: where a test's faults enter (NO_FAULTS: none)."""
     sync = sync or CrossGroupSync()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     is_rank0 = rank == 0  # the one flag that gates logging, reporting and commit markers
-    # The group's layout: the run's, with its share of data parallel (all of it for one).
-    dims = ParallelDims.from_layout(sync.group_layout(config.layout), world_size)
+    dims = _group_mesh(config, sync, device)
+    torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
+    batches = _open_batches(config, is_rank0)
+    evaluator = Evaluator(config, dims, device) if config.eval_every else None
+    # Model and optimizers: this rank's shards of its pipeline stages, seeded alike everywhere.
+    model = build_training_model(config, dims, device, next_token_loss)
+    optimizers = [build_optimizer(part, config) for part in model.parts]  # one per stage
+    trainer = checkpoint.TrainerState()
+    state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
+    saves = CheckpointCadence(config, reporter, state, is_rank0, fault_points)
+    saves.last_step = _resume(config, state, trainer, reporter, sync, is_rank0)
+    reports = ReportCadence(config, reporter, device, trainer.step, is_rank0, time_limit_near)
+    parameters = [p for part in model.parts for p in part.parameters()]
+    checks = HealthChecks(config, dims, parameters, device, sync, reporter, is_rank0, reports.nodes)
+    writer = sync.writes_checkpoints()  # this group writes the run's checkpoints
+    # sync (groups): the next step is agreed with the other replica groups (a replacement
+    # heals here from a live one); without groups it is simply the one after.
+    while (step := sync.next_step(trainer.step)) <= config.steps:
+        step_started = time.monotonic()
+        lr = lr_at(step, config)
+        # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are queued
+        # on the device like kernels; ranks meet there, the host does not wait. Except after a
+        # checkpoint step, once: the save's copy of the state to host memory runs beside this
+        # step's forward and backward, and the update waits for it (on a GPU that copy waits
+        # in turn for the device to reach it).
+        # The data position is the step, shifted past the windows the service's rollbacks
+        # skipped (contract.run_config.data_step): exact, and the same on every resume.
+        position = data_step(step, config.data_skips)
+        stepped = train_step(
+            model, optimizers, batches, step, lr, config, dims, device, sync,
+            saves.checkpointer.wait_for_staging, reports.update_timer, fault_points,
+            data_position=position,
+        )  # fmt: skip
+        if stepped is None:  # a replica group failed during the step: train it again
+            continue
+        loss_sum, num_losses, grad_norm = stepped
+        fault_points.after_update(step, rank, parameters)  # flip_param: one replica diverges
+        loss_sum = fault_points.step_values(step, rank, loss_sum)  # nan_at_step: no sync
+        reports.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
+        trainer.step, trainer.data_step = step, position
+        trainer.consumed_tokens += config.global_batch * config.seq_len
+        stop, checkpoint_due, sdc_due = False, saves.due(step), checks.sdc_due(step)
+        eval_due = evaluator is not None and evaluator.due(step)
+        if reports.due(step) or checkpoint_due or eval_due or sdc_due:
+            # sync (host and ranks): the window's losses come back, with any rank's reason
+            # to stop, so that every rank stops after the same step (ReportCadence.close).
+            report = reports.close()
+            if evaluator is not None and eval_due:  # between windows: in no step's time
+                _evaluate(evaluator, model, step, reporter, is_rank0)
+            reports.open_next(step, report)
+            stop, saves.every = report.stop, report.checkpoint_every or saves.every
+            checks.judge(step, report, sdc_due, saves)  # before any save at this step
+        # One writer per step: the group with participating rank 0 in this step's quorum.
+        writer = sync.writes_checkpoints()
+        saves.after_step(step, checkpoint_due, step == config.steps or stop, writer)
+        fault_points.after_step(step, rank)  # after_step: a lost node; raise_after_step: a bug
+        fault_points.step_end(step, rank, step_started, len(sync.shares()))  # pace_step
+        if stop:
+            reports.say_why_stopping(step)
+            break
+
+    saves.close()  # resumed at the last step: nothing in flight, a no-op
+    # Stopped early, the run is not finished: the service resumes or cancels it. Of replica
+    # groups, the writer of the last checkpoint says so.
+    if is_rank0 and not reports.stopped and writer:
+        reporter.finish(trainer.step, saves.last_step)
+    return TrainResult(trainer.step, saves.last_step, reports.stopped)
+
+
+def _group_mesh(
+    config: WorkerRunConfig, sync: CrossGroupSync, device: torch.device
+) -> ParallelDims:
+    """This group's device mesh: the run's layout, with its share of data parallel (all of
+    it for a run of one group)."""
+    dims = ParallelDims.from_layout(sync.group_layout(config.layout), dist.get_world_size())
     dims.build_mesh(device.type)
     print(dims.describe_coordinates(), flush=True)  # every rank: the mesh it really built
-    torch.manual_seed(config.seed + rank)  # per-rank streams; the weights use their own seed
+    return dims
 
-    # Data: rank 0 packs the builtin corpus (once per cache dir), the others wait for it.
+
+def _open_batches(config: WorkerRunConfig, is_rank0: bool) -> TokenBatches:
+    """Data: rank 0 packs the builtin corpus (once per cache dir), the others wait for it."""
     if is_rank0:
         open_corpus(config.data, Path(config.data_cache_dir))
     dist.barrier()  # sync: the shards exist before any other rank maps them
     stream = open_corpus(config.data, Path(config.data_cache_dir))
     if stream.vocab > config.model.vocab:
         raise DoNotRetryError(f"data vocab {stream.vocab} exceeds model.vocab {config.model.vocab}")
-    batches = TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
-    evaluator = Evaluator(config, dims, device) if config.eval_every else None
+    return TokenBatches(stream, config.seq_len, config.global_batch, config.seed)
 
-    # Model and optimizers: this rank's shards of its pipeline stages, seeded alike everywhere.
-    model = build_training_model(config, dims, device, next_token_loss)
-    optimizers = [build_optimizer(part, config) for part in model.parts]  # one per stage
-    trainer = checkpoint.TrainerState()
-    state = checkpoint.training_state(model.parts, optimizers, trainer, rank)
-    checkpointer = checkpoint.AsyncCheckpointer(config.checkpoint_path, state)
+
+def _resume(
+    config: WorkerRunConfig,
+    state: dict[str, Any],
+    trainer: checkpoint.TrainerState,
+    reporter: Reporter,
+    sync: CrossGroupSync,
+    is_rank0: bool,
+) -> int:
+    """Load the resume point, if any, and tell `sync`; rank 0 of a plain run deletes the
+    commits above it (checkpoint.discard_abandoned). Returns the step the state is at (0:
+    a fresh start), its checkpoint the newest committed one this attempt knows."""
     if config.resume_from is not None:
         resume_from_checkpoint(config.resume_from, state, reporter, is_rank0)
         if is_rank0 and trainer.step != config.resume_from.step:
@@ -232,212 +321,161 @@ def train_loop(
         resumed = config.resume_from.step if config.resume_from is not None else 0
         for abandoned in checkpoint.discard_abandoned(config.checkpoint_path, resumed):
             print(f"deleted {abandoned.name}: above the resume point, not trusted", flush=True)
+    return trainer.step
 
-    last_checkpoint_step, stopped_early = trainer.step, False
 
-    def committed(saved: checkpoint.SavedCheckpoint | None) -> None:
-        nonlocal last_checkpoint_step
-        if saved is not None and register_commit(saved, config, reporter, is_rank0):
-            last_checkpoint_step = saved.step
+def _evaluate(
+    evaluator: Evaluator, model: TrainingModel, step: int, reporter: Reporter, is_rank0: bool
+) -> None:
+    """The held-out loss at `step`; rank 0 prints and reports it."""
+    val_loss = evaluator.loss(model)
+    if is_rank0:
+        print(f"eval step {step} val_loss {val_loss:.4f}", flush=True)
+        reporter.validation(step, val_loss)
 
-    tokens_per_step = config.global_batch * config.seq_len
-    # Reports are the loop's only host syncs. Every rank must report on the same steps (a
-    # report is a collective), so the cadence is counted in steps: every step at first,
-    # then as many as take about report_interval_s, as rank 0 measured and told the others
-    # at the previous report. Checkpoint steps and the last step always report.
-    window = ReportWindow(device)
-    next_report_step, steps_per_report_wish = trainer.step + 1, 1
-    # Loss spikes and non-finite values, judged on every rank from the report's figures
-    # (the same everywhere): found at the report that closes their step's window.
-    detector = SpikeDetector(config.spike, config.warmup_steps)
-    # Slow nodes: every rank times its update (its own work, no collective in it); the
-    # reports carry every rank's mean, and rank 0 sends each node's slowest.
-    update_timer, nodes = UpdateTimer(device), rank_nodes(node_name())
-    # Silent data corruption: replicas compare a parameter checksum every sdc_check_every
-    # steps (only layouts whose dp peers hold equal copies); replica groups always compare
-    # each rank with the same mesh coordinate in the other groups, whatever the layout.
-    parameters = [p for part in model.parts for p in part.parameters()]
-    sdc_within = sdc.replicas_are_equal(dims, config.layout.zero_stage)
-    sdc_on = config.sdc_check_every is not None and (sdc_within or sync.groups > 1)
-    sdc_key, last_clean_step = sdc.replica_key(dims), None
-    if is_rank0 and config.sdc_check_every is not None and not sdc_on:
-        print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
 
-    writer = sync.writes_checkpoints()  # this group writes the run's checkpoints
-    # The service may move the interval while the run trains (the cluster's failures: its
-    # progress reply to rank 0, shared at the next report); a pinned one never moves.
-    checkpoint_every = config.checkpoint_every
-    # sync (groups): the next step is agreed with the other replica groups (a replacement
-    # heals here from a live one); without groups it is simply the one after.
-    while (step := sync.next_step(trainer.step)) <= config.steps:
-        step_started = time.monotonic()
-        lr = lr_at(step, config)
-        # No host sync inside: collectives (gradient reduction, the norm's all-reduce) are
-        # queued on the device like kernels; ranks meet there, the host does not wait.
-        # Except after a checkpoint step, once: the save's copy of the state to host memory
-        # runs beside this step's forward and backward, and the update waits for it (on a
-        # GPU that copy waits in turn for the device to reach it).
-        # The data position is the step, shifted past the windows the service's rollbacks
-        # skipped (contract.run_config.data_step): exact, and the same on every resume.
-        position = data_step(step, config.data_skips)
-        stepped = train_step(
-            model,
-            optimizers,
-            batches,
-            position,
-            lr,
-            config,
-            dims,
-            device,
-            sync,
-            checkpointer.wait_for_staging,
-            update_timer,
-            functools.partial(faults.slow_down, step, rank),  # slow_step: in the timed update
+class CheckpointCadence:
+    """Which steps save `state`, and what becomes of each save. Every rank saves on the
+    same steps: every `every` steps, and the last. The service may move the interval while
+    the run trains (the cluster's failures: its progress reply to rank 0, shared at the next
+    report); a pinned one never moves. Rank 0 registers each commit (register_commit)."""
+
+    def __init__(
+        self,
+        config: WorkerRunConfig,
+        reporter: Reporter,
+        state: dict[str, Any],
+        is_rank0: bool,
+        fault_points: FaultPoints,
+    ) -> None:
+        self.config, self.reporter, self.is_rank0 = config, reporter, is_rank0
+        self.checkpointer = checkpoint.AsyncCheckpointer(
+            config.checkpoint_path, state, fault_points=fault_points
         )
-        if stepped is None:  # a replica group failed during the step: train it again
-            continue
-        loss_sum, num_losses, grad_norm = stepped
-        faults.flip_param(step, rank, parameters)  # flip_param: one replica diverges
-        if faults.poisoned(step, rank):  # nan_at_step: on the device, no sync
-            loss_sum = loss_sum * float("nan")
-        window.add(step, loss_sum, num_losses, grad_norm, lr)  # stays on the device
-        trainer.step, trainer.data_step = step, position
-        trainer.consumed_tokens += tokens_per_step
+        self.every = config.checkpoint_every
+        self.last_step = 0  # the newest committed checkpoint's step, as far as known
 
-        checkpoint_due = step % checkpoint_every == 0 or step == config.steps
-        stop = cancel = False
-        eval_due = evaluator is not None and evaluator.due(step)
-        sdc_due = sdc_on and step % (config.sdc_check_every or 1) == 0
-        if step >= next_report_step or checkpoint_due or eval_due or sdc_due:
-            # sync (host and ranks): the window's losses come back, and with them any
-            # rank's reason to stop (the service cancelling the run, seen by rank 0;
-            # Slurm's time-limit signal, which ranks may see at different steps), so that
-            # every rank stops after the same step. A stop is therefore seen within about
-            # report_interval_s, well inside the lead time of Slurm's signal.
-            cancel = is_rank0 and reporter.cancel_requested
-            report = window.close(
-                stop_requested=cancel or time_limit_near.is_set(),
-                steps_to_next_report=steps_per_report_wish if is_rank0 else 0,
-                update_s=update_timer.take_mean_s(),
-                checkpoint_every=(reporter.checkpoint_every or 0) if is_rank0 else 0,
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.config.steps
+
+    def committed(self, saved: checkpoint.SavedCheckpoint | None) -> None:
+        if saved is not None and register_commit(saved, self.config, self.reporter, self.is_rank0):
+            self.last_step = saved.step
+
+    def after_step(self, step: int, due: bool, last: bool, writer: bool) -> None:
+        """Once a step: commit the save in flight if it completed; a writer whose step is
+        due (or the attempt's last) starts its save, the last one committed before it ends."""
+        self.committed(self.checkpointer.poll())  # the previous save, if it completed meanwhile
+        if not (writer and (due or last)):
+            return
+        # sync (host only): one save in flight at a time; by now the last one is usually
+        # long done, checkpoint_every steps having passed.
+        self.committed(self.checkpointer.wait())
+        if self.is_rank0:
+            target = str(checkpoint.step_folder(self.config.checkpoint_path, step).resolve())
+            self.reporter.checkpoint(step, target, "WRITING")
+        # sync: a barrier first clears a stale folder; then threads copy the state to host
+        # memory (waited for before the next update) and write the files.
+        self.checkpointer.save(step)
+        if last:  # the attempt ends here: its final checkpoint must be committed first
+            self.committed(self.checkpointer.wait())
+
+    def close(self) -> None:
+        """Commit the save in flight, if any (a stop for a rollback lets it commit too: it
+        is from before what was found), and free the checkpointer's thread and host copy."""
+        self.committed(self.checkpointer.wait())
+        self.checkpointer.close()
+
+
+class HealthChecks:
+    """The checks that stop an attempt for the service to roll back, judged at a report.
+
+    Loss spikes and non-finite values, judged on every rank from the report's figures (the
+    same everywhere): found at the report that closes their step's window. Silent data
+    corruption: replicas compare a parameter checksum every sdc_check_every steps (only
+    layouts whose dp peers hold equal copies); replica groups always compare each rank with
+    the same mesh coordinate in the other groups, whatever the layout."""
+
+    def __init__(
+        self,
+        config: WorkerRunConfig,
+        dims: ParallelDims,
+        parameters: Sequence[torch.Tensor],
+        device: torch.device,
+        sync: CrossGroupSync,
+        reporter: Reporter,
+        is_rank0: bool,
+        nodes: list[str],
+    ) -> None:
+        self.config, self.parameters, self.device, self.sync = config, parameters, device, sync
+        self.reporter, self.is_rank0, self.nodes = reporter, is_rank0, nodes
+        self.detector = SpikeDetector(config.spike, config.warmup_steps)
+        self.within = sdc.replicas_are_equal(dims, config.layout.zero_stage)
+        self.sdc_on = config.sdc_check_every is not None and (self.within or sync.groups > 1)
+        self.key = sdc.replica_key(dims)
+        self.last_clean_step: int | None = None  # the last comparison that found no mismatch
+        if is_rank0 and config.sdc_check_every is not None and not self.sdc_on:
+            print("sdc check off: no two data-parallel ranks hold equal parameters", flush=True)
+
+    def sdc_due(self, step: int) -> bool:
+        return self.sdc_on and step % (self.config.sdc_check_every or 1) == 0
+
+    def judge(
+        self, step: int, report: WindowReport, sdc_due: bool, saves: CheckpointCadence
+    ) -> None:
+        """Every rank, at the same report: raise TrainingAnomalyError for an anomaly in the
+        window, SilentDataCorruptionError for replicas that differ (if `sdc_due`)."""
+        anomaly = next(filter(None, map(self.detector.judge, report.steps)), None)
+        if anomaly is not None:
+            # Before any save at this step: checkpoints stay from before the anomaly.
+            self._stop_for_anomaly(anomaly, saves)
+        if sdc_due:
+            # Before any save at this step too: none is written from corrupted weights.
+            mismatch = sdc.compare_replicas(
+                step,
+                self.parameters,
+                self.key,
+                self.device,
+                self.sync.gather_across_groups,
+                self.within,
             )
-            if evaluator is not None and eval_due:  # between windows: in no step's time
-                val_loss = evaluator.loss(model)
-                if is_rank0:
-                    print(f"eval step {step} val_loss {val_loss:.4f}", flush=True)
-                    reporter.validation(step, val_loss)
-            window = ReportWindow(device)
-            stop, next_report_step = report.stop, step + report.steps_to_next_report
-            checkpoint_every = report.checkpoint_every or checkpoint_every
-            steps_per_report_wish = max(
-                1, min(MAX_STEPS_PER_REPORT, int(config.report_interval_s / report.step_time_s))
+            if mismatch is not None:
+                self._stop_for_sdc(mismatch, saves)
+            self.last_clean_step = step
+            if self.is_rank0:
+                self.reporter.sdc_clean(step)
+
+    def _stop_for_anomaly(self, anomaly: Anomaly, saves: CheckpointCadence) -> None:
+        """Every rank, at the same report: end the attempt for the service to roll back.
+
+        A save still in flight is from before the anomaly (none starts after one is found),
+        so it is let commit: the rollback may resume from it. Rank 0 tells the service what
+        it saw (the run's timeline, and the rollback decision, read when the job ends), then
+        every rank raises: the attempt fails, and the service resumes the run from the
+        newest checkpoint before the anomaly with a window of data skipped
+        (service/runs/rollback.py)."""
+        saves.close()
+        if self.is_rank0:
+            print(f"anomaly: {anomaly.describe()}: stopping for a rollback", flush=True)
+            self.reporter.anomaly(anomaly.step, anomaly.kind, anomaly.figure, anomaly.describe())
+        raise TrainingAnomalyError(anomaly)
+
+    def _stop_for_sdc(self, mismatch: sdc.Mismatch, saves: CheckpointCadence) -> None:
+        """Every rank, at the same comparison: end the attempt for the service to drain the
+        odd nodes and roll back to a checkpoint from before the last clean comparison.
+
+        A save still in flight is let commit and registered like any other: if it is newer
+        than the last clean comparison the service distrusts it (service/runs/sdc.py), and
+        if it was saved at that comparison it is the clean checkpoint the run resumes from."""
+        saves.close()
+        text = mismatch.describe(self.nodes)
+        if self.is_rank0:
+            print(f"sdc: {text}: stopping", flush=True)
+            odd_nodes = sorted({self.nodes[r] for r in mismatch.ranks})
+            self.reporter.sdc(
+                mismatch.step, odd_nodes, self.last_clean_step, text, mismatch.outvoted
             )
-            if is_rank0:
-                _report(report, config, reporter, tokens_per_step)
-                reporter.node_update_s(step, node_update_s(report.rank_update_s, nodes))
-            anomaly = next(filter(None, map(detector.judge, report.steps)), None)
-            if anomaly is not None:
-                # Before any save at this step: checkpoints stay from before the anomaly.
-                _stop_for_anomaly(anomaly, reporter, is_rank0, checkpointer, committed)
-            if sdc_due:
-                # Before any save at this step too: none is written from corrupted weights.
-                mismatch = sdc.compare_replicas(
-                    step, parameters, sdc_key, device, sync.gather_across_groups, sdc_within
-                )
-                if mismatch is not None:
-                    _stop_for_sdc(
-                        mismatch,
-                        nodes,
-                        last_clean_step,
-                        reporter,
-                        is_rank0,
-                        checkpointer,
-                        committed,
-                    )
-                last_clean_step = step
-                if is_rank0:
-                    reporter.sdc_clean(step)
-
-        committed(checkpointer.poll())  # the previous save, if it completed meanwhile
-        last = step == config.steps or stop
-        # One writer per step: the group with participating rank 0 in this step's quorum.
-        writer = sync.writes_checkpoints()
-        if writer and (checkpoint_due or last):
-            # sync (host only): one save in flight at a time; by now the last one is
-            # usually long done, checkpoint_every steps having passed.
-            committed(checkpointer.wait())
-            if is_rank0:
-                target = str(checkpoint.step_folder(config.checkpoint_path, step).resolve())
-                reporter.checkpoint(step, target, "WRITING")
-            # sync: a barrier first clears a stale folder; then threads copy the state to
-            # host memory (waited for before the next update) and write the files.
-            checkpointer.save(step)
-            if last:  # the attempt ends here: its final checkpoint must be committed first
-                committed(checkpointer.wait())
-        faults.maybe_crash("after_step", step, rank)
-        # pace_step: the tests' floor on a step's time, per share of the batch trained
-        faults.pace(step, rank, step_started, len(sync.shares()))
-        if stop:
-            stopped_early = True
-            if is_rank0:
-                why = "the service is cancelling the run" if cancel else "Slurm time limit near"
-                print(f"stopping after step {step}: {why}", flush=True)
-            break
-
-    committed(checkpointer.wait())  # resumed at the last step: nothing in flight, a no-op
-    checkpointer.close()  # its staging thread and host copy of the state
-    # Stopped early, the run is not finished: the service resumes or cancels it. Of replica
-    # groups, the writer of the last checkpoint says so.
-    if is_rank0 and not stopped_early and writer:
-        reporter.finish(trainer.step, last_checkpoint_step)
-    return TrainResult(trainer.step, last_checkpoint_step, stopped_early)
-
-
-def _stop_for_anomaly(
-    anomaly: Anomaly,
-    reporter: Reporter,
-    is_rank0: bool,
-    checkpointer: checkpoint.AsyncCheckpointer,
-    committed: Any,
-) -> None:
-    """Every rank, at the same report: end the attempt for the service to roll back.
-
-    A save still in flight is from before the anomaly (none starts after one is found), so
-    it is let commit: the rollback may resume from it. Rank 0 tells the service what it saw
-    (the run's timeline, and the rollback decision, read when the job ends), then every rank
-    raises: the attempt fails, and the service resumes the run from the newest checkpoint
-    before the anomaly with a window of data skipped (service/runs/rollback.py)."""
-    committed(checkpointer.wait())
-    checkpointer.close()
-    if is_rank0:
-        print(f"anomaly: {anomaly.describe()}: stopping for a rollback", flush=True)
-        reporter.anomaly(anomaly.step, anomaly.kind, anomaly.figure, anomaly.describe())
-    raise TrainingAnomalyError(anomaly)
-
-
-def _stop_for_sdc(
-    mismatch: sdc.Mismatch,
-    nodes: list[str],
-    last_clean_step: int | None,
-    reporter: Reporter,
-    is_rank0: bool,
-    checkpointer: checkpoint.AsyncCheckpointer,
-    committed: Any,
-) -> None:
-    """Every rank, at the same comparison: end the attempt for the service to drain the
-    odd nodes and roll back to a checkpoint from before the last clean comparison.
-
-    A save still in flight is let commit and registered like any other: if it is newer
-    than the last clean comparison the service distrusts it (service/runs/sdc.py), and if
-    it was saved at that comparison it is the clean checkpoint the run resumes from."""
-    committed(checkpointer.wait())
-    checkpointer.close()
-    text = mismatch.describe(nodes)
-    if is_rank0:
-        print(f"sdc: {text}: stopping", flush=True)
-        odd_nodes = sorted({nodes[r] for r in mismatch.ranks})
-        reporter.sdc(mismatch.step, odd_nodes, last_clean_step, text, mismatch.outvoted)
-    raise sdc.SilentDataCorruptionError(text)
+        raise sdc.SilentDataCorruptionError(text)
 
 
 def register_commit(
@@ -468,29 +506,6 @@ def register_commit(
     if known:
         checkpoint.prune(config.checkpoint_path, config.keep_checkpoints)
     return True
-
-
-def _report(
-    report: WindowReport, config: WorkerRunConfig, reporter: Reporter, tokens_per_step: int
-) -> None:
-    """Rank 0: one line for the window's last step, and one metric row per step."""
-    tokens_per_s = tokens_per_step / report.step_time_s
-    last = report.steps[-1]
-    print(
-        f"step {last.step}/{config.steps} loss {last.loss:.4f} lr {last.lr:.2e} "
-        f"grad_norm {last.grad_norm:.3f} tok/s {tokens_per_s:.0f} "
-        f"step_time {report.step_time_s:.3f}s",
-        flush=True,
-    )
-    if report.non_finite_steps:  # checked here, in bulk: reading them per step would sync
-        print(f"warning: non-finite loss or gradient norm at steps {report.non_finite_steps}")
-    for figures in report.steps:
-        # A non-finite loss has no JSON form (the service's API would fail on it): the
-        # anomaly report names it instead (worker/anomaly.py), and the step has no row.
-        if math.isfinite(figures.loss):
-            reporter.metric(
-                figures.step, figures.loss, tokens_per_s, report.step_time_s, lr=figures.lr
-            )
 
 
 def load_spec(path: Path, checkpoint_dir: str | None) -> WorkerRunConfig:

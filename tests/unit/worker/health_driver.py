@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from contract import WorkerRunConfig
+from worker.faults import fault_points_from_env
 from worker.reporter import FileReporter, Reporter
 from worker.sdc import SilentDataCorruptionError
 from worker.train import train_loop
@@ -28,12 +29,14 @@ def run(plan: dict) -> None:
     os.environ["SLURMD_NODENAME"] = f"node{rank}"
     dist.init_process_group("gloo")
     for scenario in plan["scenarios"]:
-        os.environ["RUNYARD_FAULT"] = scenario["fault"]
         config = WorkerRunConfig.model_validate(scenario["config"])
+        # The scenario's faults, read as train() reads RUNYARD_FAULT at a rank's start.
+        environ = {"RUNYARD_FAULT": scenario["fault"]}
+        points = fault_points_from_env(config.name, config.attempt_number, environ)
         metrics = Path(scenario["metrics"])
         reporter: Reporter = FileReporter(metrics) if rank == 0 else Reporter()
         try:
-            train_loop(config, reporter, torch.device("cpu"))
+            train_loop(config, reporter, torch.device("cpu"), fault_points=points)
         except SilentDataCorruptionError as exc:
             Path(f"{metrics}.sdc.{rank}").write_text(str(exc))
     dist.destroy_process_group()

@@ -34,11 +34,10 @@ import torch
 import torch.distributed as dist
 
 from contract import WorkerRunConfig
-from worker import faults
 from worker.cross_group import CrossGroupSync
 from worker.distributed import LaunchEnv, init_distributed
 from worker.fault_tolerance import ReplicaGroupSync
-from worker.faults import InjectedFault
+from worker.faults import InjectedFault, fault_points_from_env
 from worker.reporter import FileReporter, Reporter
 from worker.train import train_loop
 
@@ -88,7 +87,8 @@ def run(plan: dict[str, Any]) -> None:
             reporter: Reporter = Reporter()
             if rank == 0:
                 reporter = StopAfter(Path(scenario["metrics"]), scenario.get("stop_after"))
-            train_loop(config, reporter, torch.device("cpu"))
+            points = fault_points_from_env(config.name, config.attempt_number)  # as train()
+            train_loop(config, reporter, torch.device("cpu"), fault_points=points)
     dist.destroy_process_group()
     for scenario in plan.get("replica_scenarios", []):
         if rank < 2 * GROUP_SIZE:
@@ -104,12 +104,12 @@ def _train_group(
     ft |= {"heal_from_peer": attempt == 3, "timeout_s": 5.0}
     raw = scenario["config"] | {"attempt_number": attempt, "fault_tolerance": ft}
     config = WorkerRunConfig.model_validate(raw)
-    faults.set_context(config.name, config.attempt_number)  # as train() does
+    points = fault_points_from_env(config.name, config.attempt_number)  # as train() does
     launch = LaunchEnv("slurm", group_rank, GROUP_SIZE, group_rank, "127.0.0.1", port, "")
     init_distributed(launch, torch.device("cpu"))
     sync: CrossGroupSync = ReplicaGroupSync(config.fault_tolerance, 1, "127.0.0.1", port)
     try:
-        train_loop(config, reporter, torch.device("cpu"), sync=sync)
+        train_loop(config, reporter, torch.device("cpu"), sync=sync, fault_points=points)
         sync.close(failed=False)
     except InjectedFault as exc:  # the group is lost: its peers must learn at once
         print(f"rank {rank}: replica group {group} lost at {exc}", flush=True)

@@ -79,12 +79,12 @@ def test_a_truncated_or_missing_file_is_corrupt_too(tmp_path: Path, one_rank_wor
 
 
 def test_the_commit_refuses_files_corrupted_after_they_were_written(
-    tmp_path: Path, one_rank_world: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, one_rank_world: None
 ) -> None:
     """Asynchronous save: rank 0 verifies in its own thread before the marker; a mismatch
     writes CORRUPT instead of COMMITTED, and the save says why."""
-    monkeypatch.setenv("RUNYARD_FAULT", "corrupt_before_commit:2")
-    saver = checkpoint.AsyncCheckpointer(tmp_path, tiny_state())
+    points = faults.fault_points("corrupt_before_commit:2", "tiny", 1)
+    saver = checkpoint.AsyncCheckpointer(tmp_path, tiny_state(), fault_points=points)
     saver.save(1)
     good = saver.wait()
     saver.save(2)
@@ -98,6 +98,24 @@ def test_the_commit_refuses_files_corrupted_after_they_were_written(
     assert latest is not None and latest.step == 1
 
 
+def test_corrupt_after_commit_leaves_a_committed_checkpoint_only_a_load_refuses(
+    tmp_path: Path, one_rank_world: None
+) -> None:
+    points = faults.fault_points("corrupt_after_commit:2", "tiny", 1)
+    saver = checkpoint.AsyncCheckpointer(tmp_path, tiny_state(), fault_points=points)
+    saver.save(1)
+    good = saver.wait()
+    saver.save(2)
+    bad = saver.wait()
+    saver.close()
+    assert good is not None and bad is not None and bad.corrupt is None  # committed
+    assert checkpoint.is_committed(bad.path) and checkpoint.verify(good.path) is None
+    assert "sha256" in (checkpoint.verify(bad.path) or "")
+    with pytest.raises(checkpoint.CheckpointCorruptError):
+        checkpoint.load(bad.path, tiny_state())
+    assert checkpoint.is_corrupt(bad.path)
+
+
 def test_a_checkpoint_from_before_checksums_loads_unchecked(tmp_path: Path) -> None:
     folder = checkpoint.step_folder(tmp_path, 5)
     folder.mkdir(parents=True)
@@ -106,18 +124,23 @@ def test_a_checkpoint_from_before_checksums_loads_unchecked(tmp_path: Path) -> N
     assert checkpoint.verify(folder) is None
 
 
-def test_fault_specs_name_a_rank_an_attempt_and_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(faults, "_context", {"run": None, "attempt": None})
-    parsed = faults.parse("after_step:5, raise_after_step:30:*, corrupt_after_commit:40:0:1@ck")
+def test_fault_specs_name_a_rank_an_attempt_and_a_run() -> None:
+    spec = "after_step:5, raise_after_step:30:*, corrupt_after_commit:40:0:1@ck"
+    parsed = faults.parse(spec)
     assert [(f.name, f.step, f.rank, f.attempt, f.run) for f in parsed] == [
         ("after_step", 5, 0, None, None),
         ("raise_after_step", 30, None, None, None),
         ("corrupt_after_commit", 40, 0, 1, "ck"),
     ]
-    faults.set_context("ck", 2)
-    assert not parsed[2].fires("after_commit", 40, 0)  # attempt 1 only
-    faults.set_context("ck", 1)
-    assert parsed[2].fires("after_commit", 40, 0)
+    assert not parsed[2].names("ck", 2) and parsed[2].names("ck", 1)  # attempt 1 only
+    assert not parsed[2].names("other", 1) and parsed[0].names("other", 7)
+    attempt1 = faults.fault_points(spec, "ck", 1)
+    attempt2 = faults.fault_points(spec, "ck", 2)
+    assert isinstance(attempt1, faults.InjectedFaults)
+    assert isinstance(attempt2, faults.InjectedFaults)
+    assert attempt1.firing("after_commit", 40, 0) == [parsed[2]]
+    assert attempt2.firing("after_commit", 40, 0) == []
+    assert parsed[2].fires("after_commit", 40, 0) and not parsed[2].fires("after_commit", 40, 1)
     assert parsed[1].fires("after_step", 30, 3)
     with pytest.raises(ValueError, match="not one of"):
         faults.parse("explode:3")

@@ -35,17 +35,21 @@ def rows(metrics: Path, kind: str) -> list[dict[str, Any]]:
     return [row for row in lines if row["kind"] == kind]
 
 
-def test_slow_step_fires_from_its_step_on_and_flip_param_at_its_step_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("RUNYARD_FAULT", "slow_step:3:1,flip_param:5:2")
-    monkeypatch.setenv("RUNYARD_FAULT_SLOW_S", "0.001")
-    assert [faults.slow_down(s, 1) for s in (2, 3, 9)] == [0.0, 0.001, 0.001]
-    assert faults.slow_down(9, 0) == 0.0
+def test_slow_step_fires_from_its_step_on_and_flip_param_at_its_step_only() -> None:
+    points = faults.fault_points_from_env(
+        "tiny",
+        1,
+        environ={"RUNYARD_FAULT": "slow_step:3:1,flip_param:5:2", "RUNYARD_FAULT_SLOW_S": "0.001"},
+    )
+    assert isinstance(points, faults.InjectedFaults)
+    assert [points.slow_down_s(s, 1) for s in (2, 3, 9)] == [None, 0.001, 0.001]
+    assert points.slow_down_s(9, 0) is None
     weights = torch.nn.Parameter(torch.ones(4))
     before = param_checksum([weights]).item()
-    assert not faults.flip_param(4, 2, [weights]) and not faults.flip_param(5, 1, [weights])
-    assert faults.flip_param(5, 2, [weights])
+    points.after_update(4, 2, [weights])
+    points.after_update(5, 1, [weights])
+    assert param_checksum([weights]).item() == before  # not its step, not its rank
+    points.after_update(5, 2, [weights])
     assert param_checksum([weights]).item() != before
     assert weights[0].item() == pytest.approx(1.0, rel=1e-3)  # silent: the value barely moves
 
