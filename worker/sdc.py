@@ -133,11 +133,12 @@ def compare_replicas(
     )
     gathered = [torch.empty_like(mine_t) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine_t)  # sync: one small collective every sdc_check_every steps
-    values = torch.stack(gathered).tolist()  # host sync: on a report step, as always
-    ranks, ambiguous = [], False
+    rows: list[list[int]] = torch.stack(gathered).tolist()  # host sync: a report step's
+    ranks: list[int] = []
+    ambiguous = False
     if within_group:
-        ranks, ambiguous = odd_ones([int(v[0]) for v in values], [int(v[1]) for v in values])
-    verdicts = [int(v[2]) for v in values]
+        ranks, ambiguous = odd_ones([int(r[0]) for r in rows], [int(r[1]) for r in rows])
+    verdicts = [int(r[2]) for r in rows]
     ranks = sorted(set(ranks) | {r for r, v in enumerate(verdicts) if v in (1, 2)})
     ambiguous = ambiguous or 2 in verdicts
     if ranks:
