@@ -364,3 +364,60 @@ def spare_pool(service: ServiceProcess, agents: Agents) -> Iterator[RunyardClien
         if node["state"] in ("DRAINED", "DRAINING"):
             client.resume_node(node["name"])
     wait_for("the spare pool to empty", lambda: not client.get_spares()["members"])
+
+
+def owners_python(user: str, root: Path) -> Path:
+    """The interpreter of a Python environment of `user`'s own, as a team keeps one on the
+    shared filesystem: a virtualenv `user` made and owns, outside runyard's, with
+    runyard-client installed into it from a wheel of this repository (no package index),
+    and the heavy packages (torch, transformers, accelerate, lightning) read from runyard's
+    environment's site-packages through one path line, as a site that names an existing
+    environment does (docs/install.md, RUNYARD_SITE_PACKAGES): installing torch again would
+    take minutes. runyard itself stays out of it: its packages are installed editable,
+    through .pth files of runyard's environment, which a path line does not process."""
+    home, wheels = root / user, root / "wheels"  # the user's folder: theirs, as on a site
+    env = home / "python"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(wheels, ignore_errors=True)
+    home.mkdir(parents=True)
+    root.chmod(0o755)
+    shutil.chown(home, user=user)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(wheels), str(REPO_ROOT / "runyard-client")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    wheels.chmod(0o755)
+    [wheel] = wheels.glob("runyard_client-*.whl")
+    wheel.chmod(0o644)
+    as_user = ["runuser", "-u", user, "--"]
+    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter runyard's venv is of
+    subprocess.run([*as_user, base, "-m", "venv", str(env)], check=True, capture_output=True)
+    heavy = sysconfig_purelib(sys.executable)
+    own = sysconfig_purelib(str(env / "bin" / "python"))
+    subprocess.run(
+        [*as_user, "sh", "-c", 'printf "%s\\n" "$1" > "$2"', "-", heavy,
+         f"{own}/runyard-heavy-packages.pth"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        [*as_user, str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+         "--no-deps", str(wheel)],
+        check=True, capture_output=True, cwd="/",
+    )  # fmt: skip
+    return env / "bin" / "python"
+
+
+def sysconfig_purelib(python: str) -> str:
+    """`python`'s own site-packages folder."""
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True, cwd="/",
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def owner_python() -> Path:
+    """The admin's runs' owner's own Python environment (owners_python)."""
+    return owners_python("ops", Path(f"/tmp/runyard-tests/{TEST_DATABASE}-envs"))
