@@ -175,7 +175,12 @@ def test_the_cli_client_scancels_once_per_owner_with_their_user(
     22.05.8: bob's job survived `scancel --user=alice -- <its id>`). A run accepted before
     runs had owners (no Unix user) was submitted as the service itself."""
     ran: list[list[str]] = []
-    monkeypatch.setattr(commands, "run_slurm", lambda argv, check=True: ran.append(argv) or "")
+
+    def run_slurm(argv: list[str], check: bool = True) -> str:
+        ran.append(argv)
+        return ""
+
+    monkeypatch.setattr(commands, "run_slurm", run_slurm)
     client = CliSlurmClient.__new__(CliSlurmClient)
     client.user = "runyard"
     client.cancel({"11": "alice", "12": "bob", "13": "alice", "14": ""})
