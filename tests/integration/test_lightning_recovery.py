@@ -1,0 +1,128 @@
+"""A Lightning script under runyard with one callback (examples/lightning_train.py: a tiny
+Llama, DDP on CPUs through TorchElasticEnvironment, ModelCheckpoint every 20 steps,
+runyard_client.integrations.lightning.RunyardCallback): a GPU failure moves it to a spare,
+where Lightning resumes from the newest .ckpt the callback committed with the same losses;
+and a segment's time limit reaches it as the service's stop request, which the callback
+turns into a saved stop-step=N.ckpt on every rank at the same step, where the next segment
+goes on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from client.api import RunyardClient
+from tests.conftest import wait_for
+from tests.integration.conftest import (
+    Agents,
+    ServiceProcess,
+    committed,
+    drain_reason,
+    tiny_spec,
+)
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO_ROOT / "examples" / "lightning_train.py")
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
+STEPS, SAVE_STEPS = 600, 20
+# ~0.1 s a step on two busy cores: the failure lands long before the last step.
+SIZE = ["--seq-len", "256", "--batch-size", "16"]
+
+
+@pytest.mark.timeout(600)
+def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
+    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+) -> None:
+    client, conf = spare_pool, str(slurm_cluster.slurm_conf)
+    # TODO(environment): run the example in its owner's own Python (`environment: {python:
+    # ...}` with runyard-client, lightning and transformers installed there), not runyard's.
+    args = ["--save-steps", str(SAVE_STEPS), *SIZE]
+    spec = tiny_spec("lightning-xid", steps=STEPS, entrypoint={"script": SCRIPT, "args": args})
+    run_id = client.submit_run(spec)["id"]
+    first_commit = wait_for(
+        "a committed checkpoint", lambda: committed(client, run_id), timeout_s=180
+    )[0]
+    wait_for(
+        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
+    )
+    placed = client.get_run(run_id)["nodes"]
+    (spare,) = client.get_spares()["members"]  # read once placed (see test_entrypoint_recovery)
+    assert len(placed) == 2 and spare not in placed
+    bad, healthy = placed[1], placed[0]
+
+    agents.append(bad, XID_79.format(pid=os.getpid()))
+
+    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    second = wait_for(
+        "attempt 2 running",
+        lambda: next(
+            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
+        ),
+        timeout_s=60,
+    )
+    assert sorted(second["nodes"]) == sorted([healthy, spare])
+    resume_step = second["resume_step"]
+    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
+    assert resume_step >= first_commit and resume_step % SAVE_STEPS == 0
+    (resumed,) = [c for c in client.run_checkpoints(run_id) if c["step"] == resume_step]
+    assert Path(resumed["path"]).name == f"epoch=0-step={resume_step}.ckpt"  # ModelCheckpoint's
+
+    wait_for(
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=420
+    )
+    final = client.get_run(run_id)
+    assert final["num_hardware_restarts"] == 1 and final["last_step"] == STEPS
+    log = client.run_logs(run_id, attempt=2, rank=0)["text"]
+    assert f"resuming from {resumed['path']}" in log, log[-2000:]
+
+    # Steps trained by both attempts: the same losses, 1e-4 relative (as in
+    # test_hf_trainer_recovery: weights, AdamW's moments and the schedule restored exactly,
+    # the batches a function of the step, two ranks' all-reduce order-free; the margin for a
+    # spare whose BLAS sums in another order).
+    attempts = [a["id"] for a in final["attempts"]]
+    rows = client.run_metrics(run_id, after_step=resume_step, limit=1000)
+    before = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[0]}
+    after = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[1]}
+    assert min(after) == resume_step + 1  # Lightning's global step went on from the checkpoint's
+    twice = sorted(before.keys() & after.keys())
+    assert twice, (sorted(before)[-3:], sorted(after)[:3])
+    for step in twice:
+        assert after[step] == pytest.approx(before[step], rel=1e-4), step
+    goodput = final["goodput"]
+    assert 0 < goodput["goodput"] < 1 and goodput["lost"]["drain_and_resubmit_s"] > 0, goodput
+
+
+@pytest.mark.timeout(600)
+def test_a_segments_time_limit_stops_it_at_a_saved_step(service: ServiceProcess) -> None:
+    """Before its 1-minute segment ends the service asks the run to stop; rank 0 hears it
+    in a report's reply, every rank agrees at the same step, Lightning saves
+    stop-step=N.ckpt (the only checkpoint: ModelCheckpoint would save at step 100000) and
+    exits 0, and the next segment resumes there: no step lost, none trained twice."""
+    client = service.client()
+    args = ["--save-steps", "100000", "--seq-len", "32", "--batch-size", "4"]
+    spec = tiny_spec("lightning-segments", steps=100000, time_limit_min=1,
+                     entrypoint={"script": SCRIPT, "args": args})  # fmt: skip
+    run_id = client.submit_run(spec)["id"]
+    second = wait_for(
+        "the second segment training",
+        lambda: next((a for a in client.get_run(run_id)["attempts"][1:]
+                      if a["first_step"] is not None), None),
+        timeout_s=300,
+    )  # fmt: skip
+    client.cancel_run(run_id)
+    first = client.get_run(run_id)["attempts"][0]
+    assert first["state"] == "STOPPED" and first["stop_reason"] == "time_limit", first
+    stop_step = second["resume_step"]
+    (checkpoint,) = [c for c in client.run_checkpoints(run_id) if c["step"] == stop_step]
+    assert stop_step > 0 and committed(client, run_id)[0] == stop_step  # the stop's own save
+    assert Path(checkpoint["path"]).name == f"stop-step={stop_step}.ckpt"
+    # The steps around the stop (a segment may train more than one page of metric rows).
+    metrics = client.run_metrics(run_id, after_step=max(stop_step - 50, 0), limit=1000)
+    before = sorted(m["step"] for m in metrics if m["attempt_id"] == first["id"])
+    after = sorted(m["step"] for m in metrics if m["attempt_id"] == second["id"])
+    assert before == list(range(max(stop_step - 50, 0) + 1, stop_step + 1))
+    assert after and after[0] == stop_step + 1
