@@ -46,13 +46,22 @@ def watch(service: ServiceProcess, run_id: int) -> tuple[int, str]:
 
 @pytest.mark.timeout(600)
 def test_a_trainer_script_resumes_on_a_spare_from_its_newest_checkpoint(
-    service: ServiceProcess, spare_pool: RunyardClient, agents: Agents, slurm_cluster
+    service: ServiceProcess,
+    spare_pool: RunyardClient,
+    agents: Agents,
+    slurm_cluster,  # type: ignore[no-untyped-def]
+    owner_python: Path,
 ) -> None:
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
     script = str(REPO_ROOT / "examples" / "hf_trainer.py")
-    # TODO(environment): run the example in its owner's own Python (`environment: {python:
-    # ...}` with runyard-client, transformers and accelerate installed there), not runyard's.
-    spec = tiny_spec("hf-trainer-xid", steps=STEPS, entrypoint={"script": script, "args": ARGS})
+    # The script runs in its owner's own Python (conftest.owners_python: not runyard's
+    # environment; runyard-client installed there), which the service checked as ops.
+    spec = tiny_spec(
+        "hf-trainer-xid",
+        steps=STEPS,
+        entrypoint={"script": script, "args": ARGS},
+        environment={"python": str(owner_python)},
+    )
     run_id = client.submit_run(spec)["id"]
     first_commit = wait_for(
         "a committed checkpoint-N", lambda: committed(client, run_id), timeout_s=180
