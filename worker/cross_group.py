@@ -20,11 +20,21 @@ groups and divided by `groups`, they are the gradient of the whole batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from contract import ParallelLayout
+
+
+@dataclass(frozen=True)
+class GroupValues:
+    """One value from every replica group, as the SDC check compares them."""
+
+    values: list[int]  # by participating rank
+    mine: int  # this group's index in `values`
+    healed: list[bool]  # groups that healed from a peer since the last exchange: copies
 
 
 class CrossGroupSync:
@@ -64,10 +74,11 @@ class CrossGroupSync:
         """Whether this group writes the run's checkpoints (one writer at a time)."""
         return True
 
-    def gather_across_groups(self, value: torch.Tensor) -> tuple[list[int], int] | None:
-        """Every participating group's `value` (an int64 scalar) at this rank's mesh
-        coordinate, and which of them is this group's; None when there is no other group to
-        compare with, or one failed during the exchange."""
+    def gather_across_groups(self, value: torch.Tensor) -> GroupValues | None:
+        """Every group's `value` (an int64 scalar) at this rank's mesh coordinate, which of
+        them is this group's, and which groups healed since the last such exchange; None
+        when not every group of the run is there to compare (a group lost, or one failed
+        during the exchange)."""
         return None
 
     def close(self, failed: bool) -> None:

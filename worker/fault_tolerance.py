@@ -43,7 +43,7 @@ from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.process_group import ProcessGroupWrapper
 
 from contract import ParallelLayout, ReplicaGroupConfig, group_layout
-from worker.cross_group import CrossGroupSync
+from worker.cross_group import CrossGroupSync, GroupValues
 from worker.shards import local_shard
 
 # A replacement group waits this long for a quorum (its peers may be mid-step, or the
@@ -157,6 +157,7 @@ class ReplicaGroupSync(CrossGroupSync):
         )
         self._shares: list[int] = []
         self._start_step: int | None = None  # until this group's first step is agreed
+        self._healed = False  # healed from a peer since the last SDC exchange
 
     def group_layout(self, layout: ParallelLayout) -> ParallelLayout:
         return group_layout(layout, self.groups)
@@ -177,8 +178,11 @@ class ReplicaGroupSync(CrossGroupSync):
     def next_step(self, trained: int) -> int:
         # sync (groups): the quorum of live groups for this step; a group that is behind (a
         # replacement) heals here, into the state attach() named, before its forward pass.
+        before = self._manager.current_step()
         self._manager.start_quorum()
         self._await_majority_to_start()
+        # Only a heal moves the step between two quorums (a commit moves it in should_commit)
+        self._healed |= self._manager.current_step() != before
         step = self._manager.current_step() + 1
         participants = self._manager.num_participants()
         if self.ft.heal_from_peer and step == 1 and participants == 1:
@@ -260,18 +264,23 @@ class ReplicaGroupSync(CrossGroupSync):
         # The same answer on every rank of a group, as they share the quorum.
         return self._manager.participating_rank() == 0
 
-    def gather_across_groups(self, value: torch.Tensor) -> tuple[list[int], int] | None:
+    def gather_across_groups(self, value: torch.Tensor) -> GroupValues | None:
         participants = self._manager.num_participants()
         me = self._manager.participating_rank()
-        if participants < 2 or me is None:
+        # Every group of the run, or no verdict: a strict majority of those present is not
+        # one of the run's groups when some are missing (3 present of 4: 2 against 1).
+        # Every rank of the quorum sees the same count, so all of them skip alike.
+        if participants < self.groups or me is None:
             return None
-        slots = torch.zeros(participants, dtype=torch.int64, device=value.device)
-        slots[me] = value
+        slots = torch.zeros(2 * participants, dtype=torch.int64, device=value.device)
+        slots[me], slots[participants + me] = value, int(self._healed)
         # sync (groups): one small collective, on the steps the SDC check compares
         self._manager.allreduce(slots, reduce_op=dist.ReduceOp.SUM).wait()
+        self._healed = False
         if self._manager.errored() is not None:  # a group failed meanwhile: no verdict
             return None
-        return [int(v) for v in slots.tolist()], me
+        seen = [int(v) for v in slots.tolist()]
+        return GroupValues(seen[:participants], me, [bool(h) for h in seen[participants:]])
 
     def close(self, failed: bool) -> None:
         if failed:  # the peers learn now, not at their collective timeout

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from worker.cross_group import GroupValues
 from worker.parallel import ParallelDims
 from worker.shards import INT_VIEWS, local_shard
 
@@ -108,7 +109,7 @@ def compare_replicas(
     parameters: Iterable[torch.Tensor],
     key: int,
     device: torch.device,
-    across_groups: Callable[[torch.Tensor], tuple[list[int], int] | None] | None = None,
+    across_groups: Callable[[torch.Tensor], GroupValues | None] | None = None,
     within_group: bool = True,
 ) -> Mismatch | None:
     """Every rank, on the same step: gather every rank's checksum and judge them.
@@ -125,9 +126,12 @@ def compare_replicas(
     verdict = 0
     seen = across_groups(checksum) if across_groups is not None else None
     if seen is not None:
-        values, mine = seen
-        odd, ambiguous = odd_ones(values, [0] * len(values))
-        verdict = (2 if ambiguous else 1) if mine in odd else (3 if odd else 0)
+        odd, ambiguous = odd_ones(seen.values, [0] * len(seen.values))
+        if odd and any(seen.healed):
+            # A group that healed holds a copy of its source, not a vote of its own: a
+            # corrupt source and its copy could outvote a sound group. No majority then.
+            odd, ambiguous = list(range(len(seen.values))), True
+        verdict = (2 if ambiguous else 1) if seen.mine in odd else (3 if odd else 0)
     mine_t = torch.stack(
         [checksum, torch.tensor(key, device=device), torch.tensor(verdict, device=device)]
     )

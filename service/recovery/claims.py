@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.models import Incident, RecoveryAction, Run
+from service.models import Incident, IncidentState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
 
@@ -79,7 +79,6 @@ def drain_claimed(
         signal=CAPPED_SIGNAL,
         action=RecoveryAction.OBSERVE,
         node=node,
-        run_id=run.id,
         attempt_id=attempt_id,
         message=f"{node}: not drained: run {run.id} already caused "
         f"{settings.report_drains_per_run} drains by its own reports within {window_h:g} h "
@@ -87,7 +86,10 @@ def drain_claimed(
         f"The claim: {message}"[:2000],
     )
     if capped is not None:
-        # Nothing for the reconciler to carry out (it acts on incidents whose attempt has
-        # not ended), and the node is not lost to its run: open for the on-call to read.
-        capped.attempt_ended_at = utcnow()
+        # A record for the on-call (incident list, the incidents-opened counter's alert),
+        # not a recovery: nothing for the reconciler to carry out, no run's timeline to
+        # join (it names the run in its message, not as the run's incident), and the node
+        # stays in service.
+        capped.state, capped.attempt_ended_at = IncidentState.RESOLVED, utcnow()
+        capped.resolved_at = capped.attempt_ended_at
     return False

@@ -291,10 +291,12 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         failed_groups=failed_groups or {failed or 0},
         min_healthy_groups=min_healthy_groups(run),
     )
-    software_restarts = run.num_restarts - run.num_hardware_restarts
-    if incident.signal == sdc.SIGNAL and (
-        not sdc.outvoted_by_majority(session, incident) or software_restarts >= run.max_restarts
-    ):
+    # An SDC report whose attempt is still live is this incident's to count (its job's end
+    # may have been judged first: judge_group_ended counted it then).
+    spent = run.num_restarts - run.num_hardware_restarts >= run.max_restarts and any(
+        a.id == incident.attempt_id for a in live.values()
+    )
+    if incident.signal == sdc.SIGNAL and (not sdc.outvoted_by_majority(session, incident) or spent):
         # no majority: every group stopped for the comparison's rollback (or the run's
         # restarts are spent, which an SDC report uses: the rollback's path fails the run)
         path, why = RecoveryPath.CLASSIC, ClassicBecause.ROLLBACK
@@ -303,20 +305,28 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
     jobs: list[str] = []
     if path == RecoveryPath.FAST and failed is not None:
         attempt = live.get(failed)
+        # The attempt the signal was about: an SDC report names its own. Ended already (its
+        # job's end was judged first: judge_group_ended replaced it, or left the group to
+        # this incident), its restart is counted; a replacement on the node is only moved.
+        named = incident.attempt_id
+        counts = attempt is not None and named in (None, attempt.id)
+        reporter = session.get(Attempt, named) if named is not None else None
+        report = sdc.report_of(session, reporter) if reporter is not None else None
+        if report is not None and reporter is not None:  # outvoted: what it wrote since
+            sdc.distrust_checkpoints_of(session, run, reporter, report)
         if attempt is not None:
-            incident.attempt_id = attempt.id
-            report = sdc.report_of(session, attempt) if incident.signal == sdc.SIGNAL else None
-            if report is not None:  # outvoted: what it wrote since its last clean comparison
-                sdc.distrust_checkpoints_of(session, run, attempt, report)
-            set_stop_reason(attempt, StopReason.SDC if report else StopReason.NODE_FAILURE)
+            incident.attempt_id = named if named is not None else attempt.id
+            cause = StopReason.SDC if report and counts else StopReason.NODE_FAILURE
+            set_stop_reason(attempt, cause)
             set_attempt_state(
                 session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
             )
             jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
-        # A failed node is the cluster's; an SDC verdict is the run's own claim
-        # (recovery/claims.py): one of its max_restarts.
-        run.num_hardware_restarts += 0 if incident.signal == sdc.SIGNAL else 1
-        run.num_restarts += 1
+        if counts:
+            # A failed node is the cluster's; an SDC verdict is the run's own claim
+            # (recovery/claims.py): one of its max_restarts.
+            run.num_hardware_restarts += 0 if incident.signal == sdc.SIGNAL else 1
+            run.num_restarts += 1
         granted = spares_granted(session, run, failed, bad)
         spare = _take_spare(session, run, incident, bad) if granted else None
         record_event(
@@ -336,18 +346,24 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         else:  # the others train on; submit_group_attempts swaps in a spare when one frees
             incident.state = IncidentState.WAITING
         return jobs
-    # The classic path: every group stops and the run restarts from disk.
+    # The classic path: every group stops and the run restarts from disk. The restart is
+    # decided on one live attempt, left live for it: the one an SDC report came from (so
+    # the rollback past its comparison, and its count against max_restarts, are decided:
+    # restart.py), else the first group's.
+    lead = next(iter(a for _, a in sorted(live.items())), None)
+    if incident.signal == sdc.SIGNAL:
+        lead = next((a for a in live.values() if a.id == incident.attempt_id), None)
     for _, attempt in sorted(live.items()):
         jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
         incident.attempt_id = incident.attempt_id or attempt.id
-        set_stop_reason(attempt, StopReason.NODE_FAILURE)
-        set_attempt_state(session, run, attempt, AttemptState.FAILED, f"node {bad} failed")
-    first = next(iter(sorted(live.items())), (None, None))[1]
-    if first is not None:
+        if attempt is not lead:
+            set_stop_reason(attempt, StopReason.NODE_FAILURE)
+            set_attempt_state(session, run, attempt, AttemptState.FAILED, f"node {bad} failed")
+    if lead is not None:
         end_attempt_and_restart(
             session,
             run,
-            first,
+            lead,
             f"node {bad} failed: {incident.signal}",
             cause=StopReason.NODE_FAILURE,
         )
@@ -418,6 +434,10 @@ def judge_group_ended(
         set_stop_reason(attempt, StopReason.SDC if outvoted else StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
         run.num_restarts += 1
+        if outvoted and _lost(session, group_nodes(run, attempt.replica_group)):
+            # Its node's SDC incident is still to drain it: the replacement is made on the
+            # spare that incident takes (move_group_to_spare, counting nothing again).
+            return
         from service.config import get_settings
 
         new_group_attempt(session, run, get_settings(), attempt.replica_group, from_disk=False)

@@ -103,7 +103,9 @@ def distrust_checkpoints_of(
     """An outvoted replica group left while the others train on: the checkpoints it wrote
     after its last clean comparison may hold the corruption (CORRUPT); those the majority
     wrote stand. Returns the steps distrusted."""
-    return _distrust(session, run, attempt, report, _clean_step(run, report), attempt.id)
+    # Its own last clean step only: the majority, which trained on, has since vouched for
+    # the step it was outvoted at (note_clean_step), which says nothing of this group.
+    return _distrust(session, run, attempt, report, report.get("clean_step"), attempt.id)
 
 
 def _clean_step(run: Run, report: dict[str, Any]) -> int | None:
@@ -175,4 +177,4 @@ def decide(
         + (f"; checkpoints {distrusted} distrusted" if distrusted else "")
     )
     record_event(session, run, "run.rolled_back", text, attempt, row)
-    return StopReason.SDC, f"{reason}: {text}; nodes drained: not counted against max_restarts"
+    return StopReason.SDC, f"{reason}: {text}; nodes drained: one of max_restarts (a claim)"

@@ -245,7 +245,8 @@ def record_error(
     """
     attempt, run = live_attempt_and_run(session, attempt_id)
     for field, names in (("node", [report.node] if report.node else []), ("nodes", report.nodes)):
-        if strangers := sorted(set(names) - set(attempt.nodes)):
+        # (a sweep task's attempt learns its node from Slurm a moment after it starts)
+        if attempt.nodes and (strangers := sorted(set(names) - set(attempt.nodes))):
             raise InvalidSpec(
                 f"{field}: {', '.join(strangers)} not among attempt {attempt.id}'s nodes "
                 f"({', '.join(attempt.nodes)})"

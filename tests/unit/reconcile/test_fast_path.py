@@ -11,6 +11,7 @@ import pytest
 from contract import StopReason, WorkerRunConfig
 from service.db import session_scope
 from service.models import Attempt, AttemptState, IncidentState, Run, RunState
+from service.reconcile import polling
 from service.reconcile.loop import Reconciler
 from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
@@ -307,3 +308,84 @@ def test_every_group_restarting_from_disk_at_once_starts_without_a_peer(
     replacement = worker_configs(cluster, run_id)[1]
     assert replacement.fault_tolerance is not None and replacement.fault_tolerance.heal_from_peer
     assert replacement.resume_from is None
+
+
+def four_groups_training(cluster: Cluster, name: str) -> tuple[int, dict[int, Attempt]]:
+    cluster.set_spares(1)
+    run_id = cluster.submit_run(
+        name, nodes=4, global_batch=8, max_restarts=1, fault_tolerance={"replica_groups": 4}
+    )
+    cluster.cycle()
+    groups = live_groups(cluster, run_id)
+    assert sorted(groups) == [0, 1, 2, 3]
+    for g, attempt in groups.items():
+        report(attempt.id, 20, checkpoint=g == 0)
+    return run_id, groups
+
+
+def outvoted(cluster: Cluster, attempt: Attempt, *, majority: bool = True) -> None:
+    """Group `attempt`'s rank 0 reports that the other groups outvoted it at step 25."""
+    sdc = ErrorReport(
+        rank=0,
+        kind="worker:sdc",
+        step=25,
+        nodes=list(attempt.nodes),
+        clean_step=20,
+        outvoted=majority,
+        message="parameter checksums of data-parallel replicas differ at step 25",
+    )
+    with session_scope() as session:
+        workers.record_error(session, attempt.id, sdc)
+
+
+@pytest.mark.parametrize("first", ["incident", "job_end"])
+def test_a_group_outvoted_by_three_is_replaced_once_whichever_is_seen_first(
+    cluster: Cluster, first: str
+) -> None:
+    """The SDC incident (drain) and the outvoted group's job end reach the service in either
+    order: the group is replaced on the spare, healing from the others, which never stop;
+    one restart of max_restarts is counted, none a hardware one; nothing rolls back."""
+    run_id, groups = four_groups_training(cluster, f"four-{first}")
+    odd = groups[1]
+    bad = odd.nodes[0]
+    outvoted(cluster, odd)
+    if first == "job_end":  # judged before the reconciler's incidents step sees the report
+        cluster.slurm.finish(odd.slurm_job_id, exit_code=1)
+        polling.poll_attempts(cluster.settings, cluster.slurm)
+    cluster.tick()
+    cluster.slurm.finish(odd.slurm_job_id, exit_code=1)
+    cluster.cycle()
+
+    run = cluster.run(run_id)
+    assert run.state == RunState.RUNNING, run.state_reason
+    live = live_groups(cluster, run_id)
+    for g in (0, 2, 3):  # the majority kept its attempts
+        assert live[g].id == groups[g].id and live[g].state == AttemptState.RUNNING
+    assert live[1].id != odd.id and bad not in live[1].nodes and live[1].heals_from_peer
+    assert (run.num_restarts, run.num_hardware_restarts) == (1, 0)
+    assert cluster.node(bad).state.value in ("DRAINING", "DRAINED")
+    assert "run.rolled_back" not in cluster.events(run_id)
+    assert [a.id for a in cluster.attempts(run_id) if a.replica_group == 1] == [odd.id, live[1].id]
+
+
+def test_groups_without_a_majority_roll_back_through_the_reporting_group(cluster: Cluster) -> None:
+    """Two groups disagree: neither copy is trusted. Every group stops; the restart is
+    decided on the reporting group's attempt, so the checkpoints after its last clean
+    comparison are distrusted and it is one of max_restarts."""
+    run_id, groups = two_groups_training(cluster)
+    with session_scope() as session:
+        sdc = ErrorReport(
+            rank=0,
+            kind="worker:sdc",
+            step=25,
+            nodes=list(groups[1].nodes),
+            clean_step=10,
+            message="parameter checksums of data-parallel replicas differ at step 25",
+        )
+        workers.record_error(session, groups[1].id, sdc)
+    cluster.tick()
+    cluster.cycle()
+    run = cluster.run(run_id)
+    assert "run.rolled_back" in cluster.events(run_id)
+    assert run.num_hardware_restarts == 0 and run.num_restarts == 1
+    assert all(a.resume_step is None for a in live_groups(cluster, run_id).values())
