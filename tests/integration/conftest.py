@@ -207,6 +207,9 @@ def service(
         "RUNYARD_HEARTBEAT_DEAD_S": "8",
         # A node drained for lost heartbeats alone returns after this long of them again.
         "RUNYARD_HEARTBEAT_RETURN_S": "6",
+        # The tests' webhook receivers listen on this machine's loopback, which a site's
+        # service refuses by default (service/notifications/egress.py).
+        "RUNYARD_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
         "RUNYARD_HANG_MIN_S": "15",
         # Runs with a 1-minute time limit are stopped 45 s before it: 15 s segments.
         "RUNYARD_SEGMENT_STOP_MARGIN_S": "45",

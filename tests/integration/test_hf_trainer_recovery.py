@@ -95,7 +95,8 @@ def test_a_trainer_script_resumes_on_a_spare_from_its_newest_checkpoint(
     code, out = watch(service, run_id)
     assert code == 0 and f"run {run_id} SUCCEEDED" in out, out[-3000:]
     shown = [int(s) for s in re.findall(rf"step +(\d+)/{STEPS}  loss \d+\.\d{{4}} ", out)]
-    assert shown and shown == sorted(shown) and shown[-1] == STEPS, out[-3000:]
+    # Steps rise to the last; the ones trained again after the resume show once more.
+    assert shown and shown[-1] == max(shown) == STEPS, out[-3000:]
 
     final = client.get_run(run_id)
     assert final["num_hardware_restarts"] == 1 and final["last_step"] == STEPS

@@ -33,7 +33,7 @@ STEPS, SAVE_STEPS = 600, 20
 SIZE = ["--seq-len", "256", "--batch-size", "16"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1020)
 def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
     spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:
@@ -72,7 +72,7 @@ def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
     assert Path(resumed["path"]).name == f"epoch=0-step={resume_step}.ckpt"  # ModelCheckpoint's
 
     wait_for(
-        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=420
+        "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=840
     )
     final = client.get_run(run_id)
     assert final["num_hardware_restarts"] == 1 and final["last_step"] == STEPS
