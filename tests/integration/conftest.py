@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -424,3 +425,54 @@ def sysconfig_purelib(python: str) -> str:
 def owner_python() -> Path:
     """The admin's runs' owner's own Python environment (owners_python)."""
     return owners_python("ops", Path(f"/tmp/runyard-tests/{TEST_DATABASE}-envs"))
+
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
+
+
+@dataclass(frozen=True)
+class MovedToSpare:
+    """What lose_a_node_and_resume saw: the first commit, the lost node, and where the
+    second attempt resumed from."""
+
+    first_commit: int
+    bad: str
+    spare: str
+    resume_step: int
+
+
+def lose_a_node_and_resume(
+    client: RunyardClient, run_id: int, agents: Agents, conf: str, commit_timeout_s: float = 120
+) -> MovedToSpare:
+    """The whole path of a lost node for a 2-node run with one spare: once it trained past
+    its first commit, its second node's kernel log gets an Xid 79; that node is drained,
+    and attempt 2 runs on the healthy node and the spare, resuming from the newest commit
+    at or below its resume step."""
+    first_commit = wait_for(
+        "a committed checkpoint", lambda: committed(client, run_id), timeout_s=commit_timeout_s
+    )[0]
+    wait_for(
+        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
+    )
+    placed = client.get_run(run_id)["nodes"]
+    # The pool is read once the run is placed: the service may have moved its one spare
+    # to another idle node meanwhile (seen once in make test: the run got the old one).
+    (spare,) = client.get_spares()["members"]
+    assert len(placed) == 2 and spare not in placed
+    bad, healthy = placed[1], placed[0]
+
+    agents.append(bad, XID_79.format(pid=os.getpid()))
+
+    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
+    second = wait_for(
+        "attempt 2 running",
+        lambda: next(
+            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
+        ),
+        timeout_s=60,
+    )
+    assert sorted(second["nodes"]) == sorted([healthy, spare])
+    resume_step = second["resume_step"]
+    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
+    assert resume_step >= first_commit
+    return MovedToSpare(first_commit, bad, spare, resume_step)

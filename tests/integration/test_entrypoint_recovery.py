@@ -7,7 +7,6 @@ step on every rank."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,13 @@ from tests.integration.conftest import (
     Agents,
     ServiceProcess,
     committed,
-    drain_reason,
+    lose_a_node_and_resume,
     tiny_spec,
 )
 
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
 
 
 @pytest.mark.timeout(600)
@@ -37,33 +35,9 @@ def test_an_entrypoint_script_resumes_on_a_spare_from_its_own_checkpoint(
     args = ["--checkpoint-every", "10", "--width", "32", "--batch-size", "8"]
     spec = tiny_spec("own-script-xid", steps=120, entrypoint={"script": script, "args": args})
     run_id = client.submit_run(spec)["id"]
-    first_commit = wait_for(
-        "a committed checkpoint", lambda: committed(client, run_id), timeout_s=120
-    )[0]
-    wait_for(
-        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
-    )
-    placed = client.get_run(run_id)["nodes"]
-    # The pool is read once the run is placed: the service may have moved its one spare
-    # to another idle node meanwhile (seen once in make test: the run got the old one).
-    (spare,) = client.get_spares()["members"]
-    assert len(placed) == 2 and spare not in placed
-    bad, healthy = placed[1], placed[0]
-
-    agents.append(bad, XID_79.format(pid=os.getpid()))
-
-    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
-    second = wait_for(
-        "attempt 2 running",
-        lambda: next(
-            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
-        ),
-        timeout_s=60,
-    )
-    assert sorted(second["nodes"]) == sorted([healthy, spare])
-    resume_step = second["resume_step"]
-    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
-    assert resume_step >= first_commit and resume_step % 10 == 0  # the script's own cadence
+    moved = lose_a_node_and_resume(client, run_id, agents, conf)
+    resume_step = moved.resume_step
+    assert resume_step % 10 == 0  # the script's own cadence
 
     wait_for(
         "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=240

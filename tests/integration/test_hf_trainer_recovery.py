@@ -8,7 +8,6 @@ goodput accounts for the whole run."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -17,19 +16,16 @@ from typer.testing import CliRunner
 
 from client.api import RunyardClient
 from client.cli import app
-from tests.conftest import wait_for
 from tests.integration.conftest import (
     Agents,
     ServiceProcess,
-    committed,
-    drain_reason,
+    lose_a_node_and_resume,
     tiny_spec,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
 STEPS, SAVE_STEPS = 600, 20
 # ~0.1 s a step on two busy cores: the failure lands long before the last step.
 ARGS = ["--save-steps", str(SAVE_STEPS), "--seq-len", "256", "--batch-size", "16"]
@@ -63,31 +59,9 @@ def test_a_trainer_script_resumes_on_a_spare_from_its_newest_checkpoint(
         environment={"python": str(owner_python)},
     )
     run_id = client.submit_run(spec)["id"]
-    first_commit = wait_for(
-        "a committed checkpoint-N", lambda: committed(client, run_id), timeout_s=180
-    )[0]
-    wait_for(
-        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
-    )
-    placed = client.get_run(run_id)["nodes"]
-    (spare,) = client.get_spares()["members"]  # read once placed (see test_entrypoint_recovery)
-    assert len(placed) == 2 and spare not in placed
-    bad, healthy = placed[1], placed[0]
-
-    agents.append(bad, XID_79.format(pid=os.getpid()))
-
-    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
-    second = wait_for(
-        "attempt 2 running",
-        lambda: next(
-            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
-        ),
-        timeout_s=60,
-    )
-    assert sorted(second["nodes"]) == sorted([healthy, spare])
-    resume_step = second["resume_step"]
-    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
-    assert resume_step >= first_commit and resume_step % SAVE_STEPS == 0  # the Trainer's cadence
+    moved = lose_a_node_and_resume(client, run_id, agents, conf, commit_timeout_s=180)
+    resume_step = moved.resume_step
+    assert resume_step % SAVE_STEPS == 0  # the Trainer's cadence
     (resumed,) = [c for c in client.run_checkpoints(run_id) if c["step"] == resume_step]
     assert Path(resumed["path"]).name == f"checkpoint-{resume_step}"  # the Trainer's own folder
 

@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     Agents,
     ServiceProcess,
     committed,
-    drain_reason,
+    lose_a_node_and_resume,
     tiny_spec,
 )
 
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO_ROOT / "examples" / "plain_torchrun.py")
-XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
 STEP_LINE = r"step (?P<step>\d+) loss (?P<loss>\S+)"
 # The tests' service paces runyard's trainer (STEP_PACE_S); the script paces itself.
 PACE_S = "0.06"
@@ -72,33 +71,11 @@ def test_a_plain_script_resumes_on_a_spare_from_the_checkpoint_its_launcher_comm
 ) -> None:
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
     run_id = client.submit_run(plain_spec("plain-script-xid", steps=600, every=20))["id"]
-    first_commit = wait_for(
-        "a committed checkpoint", lambda: committed(client, run_id), timeout_s=120
-    )[0]
-    wait_for(
-        "steps past it", lambda: (client.get_run(run_id)["last_step"] or 0) >= first_commit + 3
-    )
-    (commit,) = [c for c in client.run_checkpoints(run_id) if c["step"] == first_commit]
-    assert Path(commit["path"]).name == f"step-{first_commit}"  # the script's own layout
-    placed = client.get_run(run_id)["nodes"]
-    (spare,) = client.get_spares()["members"]
-    assert len(placed) == 2 and spare not in placed
-    bad, healthy = placed[1], placed[0]
-
-    agents.append(bad, XID_79.format(pid=os.getpid()))
-
-    wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
-    second = wait_for(
-        "attempt 2 running",
-        lambda: next(
-            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
-        ),
-        timeout_s=60,
-    )
-    assert sorted(second["nodes"]) == sorted([healthy, spare])
-    resume_step = second["resume_step"]
-    assert resume_step == max(s for s in committed(client, run_id) if s <= resume_step)
-    assert resume_step >= first_commit and resume_step % 20 == 0  # the script's own cadence
+    moved = lose_a_node_and_resume(client, run_id, agents, conf)
+    (commit,) = [c for c in client.run_checkpoints(run_id) if c["step"] == moved.first_commit]
+    assert Path(commit["path"]).name == f"step-{moved.first_commit}"  # the script's own layout
+    resume_step = moved.resume_step
+    assert resume_step % 20 == 0  # the script's own cadence
     resumed_from = next(
         c["path"] for c in client.run_checkpoints(run_id) if c["step"] == resume_step
     )
