@@ -1,10 +1,8 @@
 """A Lightning script under runyard with one callback (examples/lightning_train.py: a tiny
 Llama, DDP on CPUs through TorchElasticEnvironment, ModelCheckpoint every 20 steps,
 runyard_client.integrations.lightning.RunyardCallback): a GPU failure moves it to a spare,
-where Lightning resumes from the newest .ckpt the callback committed with the same losses;
-and a segment's time limit reaches it as the service's stop request, which the callback
-turns into a saved stop-step=N.ckpt on every rank at the same step, where the next segment
-goes on."""
+where Lightning resumes from the newest .ckpt the callback committed with the same losses.
+(Stops, a segment's end and a cancel: tests/integration/test_framework_stops.py.)"""
 
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ from client.api import RunyardClient
 from tests.conftest import wait_for
 from tests.integration.conftest import (
     Agents,
-    ServiceProcess,
-    committed,
     lose_a_node_and_resume,
     tiny_spec,
 )
@@ -33,13 +29,19 @@ SIZE = ["--seq-len", "256", "--batch-size", "16"]
 
 @pytest.mark.timeout(1020)
 def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
-    spare_pool: RunyardClient, agents: Agents, slurm_cluster
+    spare_pool: RunyardClient,
+    agents: Agents,
+    slurm_cluster,  # type: ignore[no-untyped-def]
+    owner_python: Path,
 ) -> None:
     client, conf = spare_pool, str(slurm_cluster.slurm_conf)
-    # TODO(environment): run the example in its owner's own Python (`environment: {python:
-    # ...}` with runyard-client, lightning and transformers installed there), not runyard's.
     args = ["--save-steps", str(SAVE_STEPS), *SIZE]
-    spec = tiny_spec("lightning-xid", steps=STEPS, entrypoint={"script": SCRIPT, "args": args})
+    spec = tiny_spec(
+        "lightning-xid",
+        steps=STEPS,
+        entrypoint={"script": SCRIPT, "args": args},
+        environment={"python": str(owner_python)},  # its owner's own Python
+    )
     run_id = client.submit_run(spec)["id"]
     moved = lose_a_node_and_resume(client, run_id, agents, conf, commit_timeout_s=180)
     resume_step = moved.resume_step
@@ -70,35 +72,3 @@ def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
         assert after[step] == pytest.approx(before[step], rel=1e-4), step
     goodput = final["goodput"]
     assert 0 < goodput["goodput"] < 1 and goodput["lost"]["drain_and_resubmit_s"] > 0, goodput
-
-
-@pytest.mark.timeout(600)
-def test_a_segments_time_limit_stops_it_at_a_saved_step(service: ServiceProcess) -> None:
-    """Before its 1-minute segment ends the service asks the run to stop; rank 0 hears it
-    in a report's reply, every rank agrees at the same step, Lightning saves
-    stop-step=N.ckpt (the only checkpoint: ModelCheckpoint would save at step 100000) and
-    exits 0, and the next segment resumes there: no step lost, none trained twice."""
-    client = service.client()
-    args = ["--save-steps", "100000", "--seq-len", "32", "--batch-size", "4"]
-    spec = tiny_spec("lightning-segments", steps=100000, time_limit_min=1,
-                     entrypoint={"script": SCRIPT, "args": args})  # fmt: skip
-    run_id = client.submit_run(spec)["id"]
-    second = wait_for(
-        "the second segment training",
-        lambda: next((a for a in client.get_run(run_id)["attempts"][1:]
-                      if a["first_step"] is not None), None),
-        timeout_s=300,
-    )  # fmt: skip
-    client.cancel_run(run_id)
-    first = client.get_run(run_id)["attempts"][0]
-    assert first["state"] == "STOPPED" and first["stop_reason"] == "time_limit", first
-    stop_step = second["resume_step"]
-    (checkpoint,) = [c for c in client.run_checkpoints(run_id) if c["step"] == stop_step]
-    assert stop_step > 0 and committed(client, run_id)[0] == stop_step  # the stop's own save
-    assert Path(checkpoint["path"]).name == f"stop-step={stop_step}.ckpt"
-    # The steps around the stop (a segment may train more than one page of metric rows).
-    metrics = client.run_metrics(run_id, after_step=max(stop_step - 50, 0), limit=1000)
-    before = sorted(m["step"] for m in metrics if m["attempt_id"] == first["id"])
-    after = sorted(m["step"] for m in metrics if m["attempt_id"] == second["id"])
-    assert before == list(range(max(stop_step - 50, 0) + 1, stop_step + 1))
-    assert after and after[0] == stop_step + 1
