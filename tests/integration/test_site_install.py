@@ -52,10 +52,11 @@ from pathlib import Path
 import pytest
 
 from client.api import RunyardClient
-from client.devcluster import postgres
+from client.devcluster import pg_instance
 from client.devcluster.cluster import DevCluster
 from client.devcluster.demo import inject_xid_79
 from client.devcluster.identity import SERVICE_USER
+from client.devcluster.processes import Started
 from tests.conftest import ADMIN_UNIX_USER, REPO_ROOT, TEST_DATABASE, wait_for
 from tests.integration.conftest import (
     clean_up_test_leftovers,
@@ -70,7 +71,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 DOC = REPO_ROOT / "docs" / "install.md"
 EACH_NODE = "<!-- run: on each compute node -->"
 SITE_DATABASE = f"{TEST_DATABASE}_site"
-SITE_DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{SITE_DATABASE}"
 INSTALL_TIMEOUT_S = 300
 
 
@@ -114,6 +114,18 @@ def base_python() -> str:
 class Site:
     def __init__(self, root: Path, dev: DevCluster) -> None:
         self.root, self.dev = root, dev
+        # The site's Postgres asks every local user for a password, as runyard doctor wants
+        # (this machine's own trusts all): one of its own (client/devcluster/pg_instance.py),
+        # its database named after this test's, the service's role owning it.
+        self.database = pg_instance.Instance(
+            root=root / "postgres",
+            port=free_port(),
+            owner=SERVICE_USER,
+            database=SITE_DATABASE,
+            role=SERVICE_USER,
+            log=root / "postgres.log",
+        )
+        self.database_table: dict[str, Started] = {}
         self.home, self.etc = root / "shared" / "runyard", root / "etc" / "runyard"
         self.port = free_port()
         self.sudoers = Path(f"/etc/sudoers.d/runyard-site-{TEST_DATABASE}")
@@ -138,7 +150,7 @@ class Site:
             "SLURM_CONF": self.conf,
             "RUNYARD_HOME": str(self.home),
             "RUNYARD_SOURCE": str(REPO_ROOT),
-            "RUNYARD_DB": SITE_DATABASE_URL,
+            "RUNYARD_DB": self.database.url,
             "RUNYARD_PARTITION": "train",
             "RUNYARD_SERVICE_PORT": str(self.port),
             "RUNYARD_ETC": str(self.etc),
@@ -229,7 +241,7 @@ def alive(pid: int) -> bool:
 def site(slurm_cluster: DevCluster) -> Iterator[Site]:
     # A root the site's users reach (pytest's own temporary root is root's, mode 0700).
     site = Site(service_state_dir("site"), slurm_cluster)
-    postgres.drop_database(SITE_DATABASE_URL)  # nothing of runyard's
+    pg_instance.ensure(site.database, site.database_table, wait_for)  # empty: nothing of ours
     for node in site.nodes:  # the nodes' syslog files
         site.kern_log(node).parent.mkdir(parents=True, exist_ok=True)
         site.kern_log(node).touch()
@@ -238,7 +250,7 @@ def site(slurm_cluster: DevCluster) -> Iterator[Site]:
     finally:
         site.stop_everything()
         clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{SITE_DATABASE}")
-        postgres.drop_database(SITE_DATABASE_URL)
+        pg_instance.shut_down(site.database_table[pg_instance.PROCESS_NAME])
         site.sudoers.unlink(missing_ok=True)
         shutil.rmtree(site.root, ignore_errors=True)
 
