@@ -223,7 +223,9 @@ def password(instance: Instance) -> str:
     if instance.passfile.exists():
         return instance.passfile.read_text().strip().rsplit(":", 1)[-1]
     made = secrets.token_urlsafe(32)  # letters, digits, - and _: nothing libpq escapes
-    line = f"127.0.0.1:{instance.port}:{instance.database}:{instance.role}:{made}\n"
+    # Any database of the server (`*`): the role reaches only what its grants allow, and a
+    # site's install step asks the maintenance database whether its own exists yet.
+    line = f"127.0.0.1:{instance.port}:*:{instance.role}:{made}\n"
     _write_owned(instance.passfile, line, instance.owner)
     return made
 

@@ -3,8 +3,8 @@ callback (runyard_client.integrations), stopped by the service as a preemption o
 segment's end stops any run: rank 0 hears the stop in a report's reply, every rank agrees at
 the same step, the framework saves its own checkpoint there (Trainer: checkpoint-N,
 Lightning: stop-step=N.ckpt) and exits 0, and the next attempt resumes from it: no step
-lost, none trained twice. A cancel stops the run the same way, with a last checkpoint
-saved through the framework. Both scripts run in their owner's own Python."""
+lost, none trained twice. Both scripts run in their owner's own Python. (A cancel scancels
+at once: no save through the framework then, issue 39.)"""
 
 from __future__ import annotations
 
@@ -69,20 +69,4 @@ def test_a_stop_saves_through_the_framework_and_the_next_attempt_resumes_there(
     after = sorted(m["step"] for m in metrics if m["attempt_id"] == second["id"])
     assert before and before[-1] == stop_step  # trained up to the save, not past it
     assert after and after[0] == stop_step + 1  # and on from it
-
-    # A cancel: the same stop, a last save through the framework, and the run ends.
-    wait_for(
-        "steps past the resume",
-        lambda: (client.get_run(run_id)["last_step"] or 0) >= stop_step + 3,
-        timeout_s=120,
-    )
     client.cancel_run(run_id)
-    wait_for(
-        "the run cancelled",
-        lambda: client.get_run(run_id)["state"] == "CANCELLED",
-        timeout_s=240,
-    )
-    last = max(committed(client, run_id))
-    assert last > stop_step, committed(client, run_id)
-    (kept,) = [c for c in client.run_checkpoints(run_id) if c["step"] == last]
-    assert Path(kept["path"]).name == framework.stop_checkpoint.format(step=last)
