@@ -14,15 +14,7 @@ import json
 import pydantic
 from runyard_client import http_reporter
 from runyard_client.errors import ServiceError
-from runyard_client.http_reporter import (
-    CHECKPOINT_RETRY_S,
-    FIRST_RETRY_WAIT_S,
-    MAX_BUFFERED,
-    MAX_RETRY_WAIT_S,
-    attempt_url,
-    error_body,
-    post_error,
-)
+from runyard_client.http_reporter import HttpReporter, attempt_url, error_body, post_error
 from runyard_client.reporting import FileReporter, Reporter
 from runyard_client.transport import request, request_headers, with_retries
 
@@ -30,9 +22,6 @@ from contract import WorkerRunConfig
 from worker.errors import DoNotRetryError
 
 __all__ = [
-    "CHECKPOINT_RETRY_S",
-    "FIRST_RETRY_WAIT_S",
-    "MAX_BUFFERED",
     "FileReporter",
     "HttpReporter",
     "Reporter",
@@ -40,23 +29,6 @@ __all__ = [
     "fetch_config",
     "post_error",
 ]
-
-
-class HttpReporter(http_reporter.HttpReporter):
-    """runyard-client's reporter, its bounds read from this module's names at each use: the
-    trainer's tests set them here (MAX_BUFFERED, CHECKPOINT_RETRY_S, FIRST_RETRY_WAIT_S)."""
-
-    @property
-    def max_buffered(self) -> int:
-        return MAX_BUFFERED
-
-    @property
-    def checkpoint_retry_s(self) -> float:
-        return CHECKPOINT_RETRY_S
-
-    @property
-    def first_retry_wait_s(self) -> float:
-        return FIRST_RETRY_WAIT_S
 
 
 def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> WorkerRunConfig:
@@ -69,8 +41,8 @@ def fetch_config(service_url: str, attempt_id: int, timeout_s: float = 60.0) -> 
         content = with_retries(
             lambda: request("GET", url, headers=headers),
             stop_after_s=timeout_s,
-            first_wait_s=FIRST_RETRY_WAIT_S,
-            max_wait_s=MAX_RETRY_WAIT_S,
+            first_wait_s=http_reporter.FIRST_RETRY_WAIT_S,  # read at the call: tests set it
+            max_wait_s=http_reporter.MAX_RETRY_WAIT_S,
         )
     except ServiceError as exc:
         if exc.retryable:

@@ -30,9 +30,9 @@ def data_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def fake_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeService]:
-    from worker import reporter
+    from runyard_client import http_reporter
 
-    monkeypatch.setattr(reporter, "FIRST_RETRY_WAIT_S", 0.02)  # retries in ms, not seconds
+    monkeypatch.setattr(http_reporter, "FIRST_RETRY_WAIT_S", 0.02)  # retries in ms, not seconds
     service = FakeService()
 
     class Handler(BaseHTTPRequestHandler):

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from runyard_client import http_reporter
 from worker_helpers import FakeService, free_port, tiny_spec
 
-from worker import reporter as reporter_module
 from worker.errors import DoNotRetryError
 from worker.reporter import HttpReporter, fetch_config, post_error
 
@@ -65,14 +65,14 @@ def test_rows_the_service_refuses_do_not_hold_back_later_ones(fake_service: Fake
 
 
 def test_service_down_never_blocks_and_caps_the_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reporter_module, "MAX_BUFFERED", 5)
+    monkeypatch.setattr(http_reporter, "MAX_BUFFERED", 5)
     reporter = HttpReporter(f"http://127.0.0.1:{free_port()}", 7, node="n", interval_s=0.01)
     start = time.monotonic()
     for step in range(8):
         reporter.metric(step, 4.0, 1.0, 0.1)
     assert time.monotonic() - start < 0.5
     assert (reporter.pending(), reporter.dropped) == (5, 3)
-    monkeypatch.setattr(reporter_module, "CHECKPOINT_RETRY_S", 0.3)
+    monkeypatch.setattr(http_reporter, "CHECKPOINT_RETRY_S", 0.3)
     reporter.checkpoint(5, "/ckpt/step_00000005", "COMMITTED", 10, 0.1)  # gives up, no raise
     reporter.close(drain_timeout_s=0)
 
