@@ -86,8 +86,9 @@ class RunyardClient:
     def get_run(self, run_id: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}")
 
-    def cancel_run(self, run_id: int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/runs/{run_id}/cancel")
+    def cancel_run(self, run_id: int, now: bool = False) -> dict[str, Any]:
+        params = {"now": "true"} if now else None
+        return self._call("POST", f"/v1/runs/{run_id}/cancel", params=params)
 
     def run_checkpoints(self, run_id: int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/runs/{run_id}/checkpoints")

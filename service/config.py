@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     auth_revocation_poll_s: float = Field(
         default=1.0, gt=0, description="How often each process reads the tokens revoked."
     )
+    stop_grace_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="How long ranks asked to stop (preemption, a segment's end, a slow node, "
+        "a cancel) have to save a checkpoint and exit before their jobs are scancelled.",
+    )
     segment_stop_margin_s: float = Field(
         default=180.0,
         gt=0,

@@ -251,12 +251,19 @@ def show(run_id: int, json: bool = JSON) -> None:
 
 
 @app.command()
-def cancel(run_id: int, json: bool = JSON) -> None:
-    """Cancel a run (its Slurm job is stopped)."""
-    run = call(lambda c: c.cancel_run(run_id))
+def cancel(
+    run_id: int,
+    now: bool = typer.Option(
+        False, "--now", help="Stop its Slurm jobs at once, without a last checkpoint."
+    ),
+    json: bool = JSON,
+) -> None:
+    """Cancel a run: its training ranks save a checkpoint and exit, then its jobs end."""
+    run = call(lambda c: c.cancel_run(run_id, now=now))
     if json:
         return print_json(run)
-    console.print(f"run {run_id}: {run['state']}")
+    how = "its jobs are being stopped" if now else "saving a last checkpoint, then stopping"
+    console.print(f"run {run_id}: {run['state']} ({how})")
     hint(f"runyard run show {run_id}")
 
 

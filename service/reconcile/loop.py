@@ -85,7 +85,7 @@ class Reconciler:
             ("placement", lambda: placement.place_pending(settings, s)),
             ("preemption", lambda: preemption.preempt_for_waiting_runs(s)),
             ("segments", lambda: preemption.stop_segments_at_time_limit(settings)),
-            ("stop deadlines", lambda: preemption.enforce_stop_deadlines(slurm)),
+            ("stop deadlines", lambda: preemption.enforce_stop_deadlines(settings, slurm)),
             ("run reservations", lambda: preemption.sync_run_reservations(s, slurm)),
             ("lighthouses", lambda: lighthouse.maintain_lighthouses(settings)),
             ("submission", lambda: submission.submit_pending(settings, s, slurm)),

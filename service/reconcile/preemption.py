@@ -19,43 +19,14 @@ from service.recovery import slow_nodes
 from service.runs import repository
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
+from service.runs.stop_requests import request_stop, stop_text
 from service.slurm.client import SlurmClient
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
-STOP_GRACE_S = 180.0  # after this long a stop request becomes a scancel
-
 
 def _rank(run: Run) -> int:
     return repository.PRIORITY_RANK.get(run.priority, 0)
-
-
-def stop_text(attempt: Attempt) -> str:
-    """The attempt's stop reason in words, for people (code reads the enum)."""
-    if attempt.stop_reason == StopReason.PREEMPTED:
-        return f"preempted by run {attempt.stopped_for_run_id}"
-    if attempt.stop_reason == StopReason.TIME_LIMIT:
-        return "segment time limit"
-    if attempt.stop_reason == StopReason.SLOW_NODE:
-        return "moving off a slow node"
-    return str(attempt.stop_reason or "stopped")
-
-
-def request_stop(
-    session: Session, run: Run, attempt: Attempt, reason: StopReason, for_run: Run | None = None
-) -> None:
-    """Ask the ranks to checkpoint and exit 0 (they read it in their next progress reply)."""
-    attempt.stop_reason, attempt.stop_requested_at = reason, utcnow()
-    attempt.stopped_for_run_id = for_run.id if for_run else None
-    text = stop_text(attempt) + (f" ({for_run.priority})" if for_run else "")
-    record_event(
-        session,
-        run,
-        "attempt.stop_requested",
-        f"attempt {attempt.number}: {text}",
-        attempt,
-        {"reason": reason.value, "for_run_id": attempt.stopped_for_run_id},
-    )
 
 
 def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
@@ -139,9 +110,10 @@ def stop_segments_at_time_limit(settings: Settings) -> None:
                 request_stop(session, run, attempt, StopReason.TIME_LIMIT)
 
 
-def enforce_stop_deadlines(slurm: SlurmClient) -> None:
-    """Ranks that ignore a stop request for STOP_GRACE_S are cancelled outright."""
-    deadline = utcnow() - timedelta(seconds=STOP_GRACE_S)
+def enforce_stop_deadlines(settings: Settings, slurm: SlurmClient) -> None:
+    """Ranks that ignore a stop request for `stop_grace_s` are cancelled outright (a
+    cancelled run's are scancelled by cancellation.py)."""
+    deadline = utcnow() - timedelta(seconds=settings.stop_grace_s)
     with session_scope() as session:
         jobs = {
             a.slurm_job_id: r.unix_user

@@ -25,12 +25,10 @@ from service.config import Settings, SlowNodePolicy, get_settings
 from service.models import Attempt, AttemptState, Node, Run
 from service.nodes import repository as nodes_repo
 from service.nodes.stragglers import Judged
-
-# A module import: preemption imports this module back (attempt_stopped calls after_yield).
-from service.reconcile import preemption
 from service.recovery import claims
 from service.recovery.spares import spare_nodes
 from service.runs.lifecycle import record_event
+from service.runs.stop_requests import request_stop
 
 SIGNAL = claims.SLOW_SIGNAL  # the incidents' signal, and the alert's label
 
@@ -61,7 +59,7 @@ def on_flagged(
             outcome, move = "; moving to a spare: checkpoint at the next report, then resume", True
         record_event(session, run, "recovery.slow_node", text + outcome, attempt, data)
         if move:
-            preemption.request_stop(session, run, attempt, StopReason.SLOW_NODE)
+            request_stop(session, run, attempt, StopReason.SLOW_NODE)
 
     return act
 

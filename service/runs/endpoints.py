@@ -68,9 +68,17 @@ def show_run(run_id: DbId, session: SessionDep, principal: PrincipalDep) -> RunO
 
 
 @router.post("/{run_id}/cancel", status_code=status.HTTP_202_ACCEPTED)
-def cancel(run_id: DbId, session: SessionDep, principal: PrincipalDep) -> RunOut:
-    """Ask for a run to stop; its Slurm job is cancelled within a reconcile tick."""
-    return run_out(cancel_run(session, run_id, principal))
+def cancel(
+    run_id: DbId,
+    session: SessionDep,
+    principal: PrincipalDep,
+    now: Annotated[
+        bool, Query(description="scancel at once, without asking the ranks to save first")
+    ] = False,
+) -> RunOut:
+    """Ask for a run to stop: its training ranks save a checkpoint and exit 0 (within
+    `RUNYARD_STOP_GRACE_S`, else they are scancelled); `now` scancels its jobs at once."""
+    return run_out(cancel_run(session, run_id, principal, now=now))
 
 
 @router.get("/{run_id}/checkpoints")

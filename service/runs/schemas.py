@@ -248,6 +248,13 @@ class RunSpec(_Spec):
         return self
 
     @property
+    def hears_stop_requests(self) -> bool:
+        """Whether its ranks can save on the service's request: runyard's trainer and a
+        script using runyard_client read it in their progress replies; a script read from
+        its output (`progress`, `resume`) never sees them, so a stop only delays its end."""
+        return self.entrypoint is None or (self.progress is None and self.resume is None)
+
+    @property
     def replica_groups(self) -> int:
         """The pinned number of groups (1: none, or not known before planning under
         'auto': the run's config holds the plan's)."""

@@ -13,6 +13,7 @@ from contract import (
     Precision,
     ReplicaGroupConfig,
     ResumePoint,
+    StopReason,
     WorkerRunConfig,
     check_dataset,
     replica_layout_problems,
@@ -30,7 +31,7 @@ from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.gate import OwnerGate
 from service.identity.owner import RunOwner
 from service.identity.service import OwnerUnavailable, owner_for
-from service.models import Attempt, Run, RunState, Sweep, Team
+from service.models import Attempt, AttemptState, Run, RunState, Sweep, Team
 from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
 from service.runs import repository
@@ -45,6 +46,7 @@ from service.runs.schemas import (
     RunSpec,
     ScriptPythonOut,
 )
+from service.runs.stop_requests import request_stop
 from service.slurm.commands import SlurmError
 from service.tracking.spec import unavailable as trackers_unavailable
 
@@ -374,8 +376,15 @@ def check_quota(session: Session, team: str, gpus: int) -> None:
         )
 
 
-def cancel_run(session: Session, run_id: int, principal: Principal | None = None) -> Run:
-    """Mark the run CANCELLING; the reconciler stops its Slurm job outside this transaction."""
+def cancel_run(
+    session: Session, run_id: int, principal: Principal | None = None, *, now: bool = False
+) -> Run:
+    """Mark the run CANCELLING; the reconciler stops its Slurm jobs outside this transaction.
+
+    Ranks already training are first asked to stop (stop_requests.py): they save a
+    checkpoint through their own code or framework and exit 0, so a cancelled run keeps
+    what it trained; `now` skips that, and ranks still there after `stop_grace_s` are
+    scancelled (reconcile/cancellation.py)."""
     run = require_run(session, run_id, principal, for_update=True)
     if principal is not None and principal.is_admin and run.team != principal.team:
         audit(session, principal, "run.cancel", f"run {run.id}", {"team": run.team})
@@ -383,8 +392,20 @@ def cancel_run(session: Session, run_id: int, principal: Principal | None = None
         raise Conflict(f"run {run_id} already ended ({run.state}); nothing to cancel")
     if run.state == RunState.PENDING and repository.live_attempt(run) is None:
         set_run_state(session, run, RunState.CANCELLED, "cancelled before it was submitted")
-    else:
-        set_run_state(session, run, RunState.CANCELLING, "cancel requested")
+        return run
+    if run.state != RunState.CANCELLING:
+        reason = "cancel requested" + (" (now)" if now else "")
+        set_run_state(session, run, RunState.CANCELLING, reason)
+    elif now:
+        record_event(session, run, "run.cancel_now", "cancel now: the jobs are scancelled")
+    saves = RunSpec.model_validate(run.spec).hears_stop_requests
+    for attempt in run.attempts:
+        if attempt.state.is_terminal:
+            continue
+        if now or not saves:  # a request still standing would hold the scancel back for its grace
+            attempt.stop_requested_at = None
+        elif attempt.state == AttemptState.RUNNING and attempt.stop_requested_at is None:
+            request_stop(session, run, attempt, StopReason.CANCELLED)
     return run
 
 

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from contract import StopReason
 from service.models import Attempt, AttemptState, Run, RunState
 from service.reconcile.polling import Observed, apply_observation
-from service.reconcile.preemption import request_preemptions, request_stop
+from service.reconcile.preemption import request_preemptions
+from service.runs.stop_requests import request_stop
 from service.slurm.commands import JobStatus
 from service.workers.endpoints import report_progress
 from service.workers.schemas import ErrorReport, ProgressReport

@@ -100,7 +100,7 @@ def record_job(cluster: Cluster, run_id: int, job_id: str) -> None:
 
 def by_cancelling(cluster: Cluster, run_id: int) -> None:
     with session_scope() as session:
-        cancel_run(session, run_id)
+        cancel_run(session, run_id, now=True)
     cluster.tick()
 
 
@@ -116,7 +116,7 @@ def by_failing(cluster: Cluster, run_id: int) -> None:
 
 def by_ignoring_a_stop(cluster: Cluster, run_id: int) -> None:
     cluster.age_attempt(run_id, stop_requested_at=utcnow() - timedelta(hours=1))
-    preemption.enforce_stop_deadlines(cluster.slurm)
+    preemption.enforce_stop_deadlines(cluster.settings, cluster.slurm)
 
 
 def by_losing_a_node(cluster: Cluster, run_id: int) -> None:

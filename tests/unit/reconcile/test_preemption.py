@@ -8,7 +8,6 @@ from datetime import timedelta
 from contract import StopReason
 from service.models import AttemptState, RunState
 from service.models.base import utcnow
-from service.reconcile.preemption import STOP_GRACE_S
 from tests.unit.reconcile.conftest import Cluster
 
 
@@ -60,7 +59,8 @@ def test_ranks_that_ignore_a_stop_request_are_cancelled_after_the_grace(
     job = cluster.live_job(newer)
     cluster.tick()
     assert cluster.slurm.jobs[job].state == "RUNNING"  # still within the grace
-    cluster.age_attempt(newer, stop_requested_at=utcnow() - timedelta(seconds=STOP_GRACE_S + 1))
+    grace = timedelta(seconds=cluster.settings.stop_grace_s + 1)
+    cluster.age_attempt(newer, stop_requested_at=utcnow() - grace)
     cluster.tick()
     assert cluster.slurm.jobs[job].state == "CANCELLED"
 

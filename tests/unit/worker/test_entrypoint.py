@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import clean_env, free_port, tiny_spec
+from worker_helpers import run_launchers, tiny_spec
 
 from contract import Entrypoint, ResumePoint, WorkerRunConfig
 from worker import client
@@ -38,16 +36,7 @@ def launch_ranks(cfg: WorkerRunConfig, root: Path, metrics: Path) -> None:
     """Two ranks, each a process running the launcher, as two Slurm tasks would."""
     path = root / f"config-{metrics.stem}.json"
     path.write_text(cfg.model_dump_json())
-    driver, port = Path(__file__).with_name("entrypoint_driver.py"), str(free_port())
-    env = clean_env(PYTHONPATH=f"{REPO_ROOT}:{Path(__file__).parent}")
-    env[client.ENV_METRICS_FILE] = str(metrics)
-    ranks = [
-        subprocess.Popen([sys.executable, str(driver), str(path), str(rank), "2", port], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(2)
-    ]  # fmt: skip
-    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    run_launchers(path, metrics)
 
 
 def rows(metrics: Path, kind: str) -> list[dict[str, Any]]:

@@ -7,13 +7,12 @@ not importable. Standalone, the reports land in $RUNYARD_METRICS_FILE."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import clean_env, free_port, tiny_spec
+from worker_helpers import run_launchers, tiny_spec
 
 from contract import ResumePoint, WorkerRunConfig
 from worker import client
@@ -117,16 +116,7 @@ def test_the_plain_torchrun_example_resumes_bit_for_bit_from_its_own_dcp_checkpo
         )
         path = tmp_path / f"config-{metrics.stem}.json"
         path.write_text(cfg.model_dump_json())
-        driver, port = Path(__file__).with_name("entrypoint_driver.py"), str(free_port())
-        env = clean_env(PYTHONPATH=f"{REPO_ROOT}:{Path(__file__).parent}")
-        env[client.ENV_METRICS_FILE] = str(metrics)
-        ranks = [
-            subprocess.Popen([sys.executable, str(driver), str(path), str(rank), "2", port],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for rank in range(2)
-        ]  # fmt: skip
-        outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
-        assert [r.returncode for r in ranks] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+        run_launchers(path, metrics)
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
     whole = launch(tmp_path / "whole.jsonl")

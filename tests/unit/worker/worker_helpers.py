@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +16,7 @@ from typing import Any
 # Re-exported: the worker tests take it from here.
 from tests.conftest import free_port as free_port
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TINY_MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 256}
 
 
@@ -43,6 +49,42 @@ def clean_env(**extra: str) -> dict[str, str]:
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RUNYARD_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", *launcher))}
     return env | {"OMP_NUM_THREADS": "1"} | extra  # ranks share two cores
+
+
+def run_launchers(config: Path, metrics: Path, timeout_s: float = 120) -> None:
+    """Two ranks of entrypoint_driver.py on `config`, as two Slurm tasks run the launcher,
+    until both exit 0; rank 0's reports land in `metrics`.
+
+    Each rank's output goes to a file, not a pipe: a pipe nobody reads while waiting on the
+    other rank would fill and stop that rank inside a collective. A rank still running at
+    `timeout_s` prints every thread's stack (faulthandler, SIGABRT to its process group,
+    the script included) into the failure."""
+    driver, port = Path(__file__).with_name("entrypoint_driver.py"), str(free_port())
+    env = clean_env(PYTHONPATH=f"{REPO_ROOT}:{Path(__file__).parent}", PYTHONFAULTHANDLER="1")
+    env["RUNYARD_METRICS_FILE"] = str(metrics)
+    logs = [metrics.with_name(f"{metrics.stem}.rank{rank}.log") for rank in range(2)]
+    ranks = []
+    for rank, log in enumerate(logs):
+        with log.open("w") as out:
+            argv = [sys.executable, str(driver), str(config), str(rank), "2", port]
+            ranks.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    try:
+        for rank in ranks:
+            rank.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rank.pid, signal.SIGABRT)
+        time.sleep(2)  # the stacks written
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+    tails = "\n".join(f"--- rank {i}\n{log.read_text()[-6000:]}" for i, log in enumerate(logs))
+    assert [rank.returncode for rank in ranks] == [0, 0], tails
 
 
 @dataclass
