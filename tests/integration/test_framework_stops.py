@@ -73,6 +73,12 @@ def test_a_stop_saves_through_the_framework_and_the_next_attempt_resumes_there(
     client.cancel_run(run_id, now=True)  # its cancel's save is the other test's
 
 
+def jobs_of_tests(conf: str) -> list[str]:
+    """The names of the queued jobs this test session's service submitted."""
+    names = slurm("squeue", "-h", "-o", "%j", conf=conf).split()
+    return [n for n in names if n.startswith(f"runyard-{TEST_DATABASE}-")]
+
+
 def trained_by(client: RunyardClient, run_id: int, attempt_id: int, after: int) -> list[int]:
     metrics = client.run_metrics(run_id, after_step=after, limit=1000)
     return sorted(m["step"] for m in metrics if m["attempt_id"] == attempt_id)
@@ -103,7 +109,13 @@ def test_a_preemption_and_a_cancel_each_save_through_the_framework(
         entrypoint={"script": framework.script, "args": args},
         environment={"python": str(owner_python)},
     )
-    # Other work holds every node but two: the scavenger takes both, the prod run needs them.
+    # Other work holds every node but two: the scavenger takes both, the prod run needs them
+    # (counted once the jobs of the tests before have left).
+    wait_for(
+        "the earlier tests' jobs to leave",
+        lambda: not jobs_of_tests(conf),
+        timeout_s=120,
+    )
     idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
     blocker = slurm(
         "sbatch", "--parsable", "--exclusive", f"-N{idle - 2}",
@@ -123,6 +135,8 @@ def test_a_preemption_and_a_cancel_each_save_through_the_framework(
             lambda: (client.get_run(run_id)["last_step"] or 0) >= 5,
             timeout_s=240,
         )
+        free = slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split()
+        assert free == [], f"{free} idle: the prod run would not need to preempt"
         prod = client.submit_run(tiny_spec(f"{name}-prod", steps=20, priority="prod"))["id"]
         first = wait_for(
             "the scavenger to yield",
@@ -130,6 +144,10 @@ def test_a_preemption_and_a_cancel_each_save_through_the_framework(
                 (a for a in client.get_run(run_id)["attempts"] if a["state"] == "STOPPED"), None
             ),
             timeout_s=120,
+            context=lambda: (
+                f"events: {[e['message'] for e in client.run_events(run_id)]}; "
+                f"prod: {[e['message'] for e in client.run_events(prod)]}"
+            ),
         )
         assert (first["stop_reason"], first["stopped_for_run_id"]) == ("preempted", prod)
         wait_for(
