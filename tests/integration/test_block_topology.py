@@ -91,5 +91,5 @@ def test_a_run_of_two_blocks_lands_on_whole_blocks_and_its_replacement_in_a_bloc
         lambda: (client.get_run(run_id)["last_step"] or 0) > resume + 3,
         timeout_s=120,
     )
-    client.cancel_run(run_id)
+    client.cancel_run(run_id, now=True)
     wait_for("the run cancelled", lambda: client.get_run(run_id)["state"] == "CANCELLED")

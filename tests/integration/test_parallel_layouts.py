@@ -194,6 +194,6 @@ def test_a_run_that_loses_a_node_without_a_spare_continues_on_fewer_ranks(
                      sorted(before)[-3:], sorted(after)[:3])  # fmt: skip
     for step in overlap:  # fsdp over 4 ranks and over 2: the same losses
         assert after[step] == pytest.approx(before[step], abs=1e-4), step
-    client.cancel_run(run_id)
+    client.cancel_run(run_id, now=True)
     wait_for("the run to be cancelled", lambda: client.get_run(run_id)["state"] == "CANCELLED")
     client.resume_node(bad)

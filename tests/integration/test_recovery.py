@@ -43,7 +43,7 @@ def training_past_a_commit(client: RunyardClient, run_id: int) -> int:
 def cancel_and_wait(client: RunyardClient, run_id: int) -> None:
     """End a run whose remaining steps nothing is asserted on, freeing its nodes and the
     machine's cores for the next test."""
-    client.cancel_run(run_id)
+    client.cancel_run(run_id, now=True)
     wait_for("the run cancelled", lambda: client.get_run(run_id)["state"] == "CANCELLED")
 
 

@@ -63,6 +63,11 @@ def test_submit_train_checkpoint_cancel(service: ServiceProcess, slurm_cluster) 
     assert squeue_nodes(job_id, conf) is None
     ended = client.get_run(run["id"])
     assert ended["attempts"][0]["state"] == "CANCELLED"
+    # The cancel asked the ranks to stop: they saved where they were and left by themselves.
+    assert ended["attempts"][0]["end_reason"] == "cancelled by the user (saved and exited)"
+    last_save = max(c["step"] for c in client.run_checkpoints(run["id"]) if c["committed_at"])
+    assert last_save == ended["last_step"], (last_save, ended["last_step"])  # none lost
+    assert f"newest checkpoint is step {last_save}" in ended["state_reason"]
     kinds = [e["kind"] for e in client.run_events(run["id"])]
     assert (
         kinds.index("run.running")
