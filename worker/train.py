@@ -252,14 +252,9 @@ def train_loop(
         stop, checkpoint_due, sdc_due = False, saves.due(step), checks.sdc_due(step)
         eval_due = evaluator is not None and evaluator.due(step)
         if reports.due(step) or checkpoint_due or eval_due or sdc_due:
-            # sync (host and ranks): the window's losses come back, with any rank's reason
-            # to stop, so that every rank stops after the same step (ReportCadence.close).
-            report = reports.close()
-            if evaluator is not None and eval_due:  # between windows: in no step's time
-                _evaluate(evaluator, model, step, reporter, is_rank0)
-            reports.open_next(step, report)
-            stop, saves.every = report.stop, report.checkpoint_every or saves.every
-            checks.judge(step, report, sdc_due, saves)  # before any save at this step
+            # sync (host and ranks): every rank stops after the same step (_close_window).
+            evaluation = evaluator if eval_due else None
+            stop = _close_window(step, reports, saves, checks, sdc_due, evaluation, model)
         # One writer per step: the group with participating rank 0 in this step's quorum.
         writer = sync.writes_checkpoints()
         saves.after_step(step, checkpoint_due, step == config.steps or stop, writer)
@@ -275,6 +270,30 @@ def train_loop(
     if is_rank0 and not reports.stopped and writer:
         reporter.finish(trainer.step, saves.last_step)
     return TrainResult(trainer.step, saves.last_step, reports.stopped)
+
+
+def _close_window(
+    step: int,
+    reports: ReportCadence,
+    saves: CheckpointCadence,
+    checks: HealthChecks,
+    sdc_due: bool,
+    evaluator: Evaluator | None,
+    model: TrainingModel,
+) -> bool:
+    """What every rank does at a report, on the same step: close the window, evaluate (if
+    `evaluator`), open the next window, take the checkpoint interval the report carries and
+    judge the window's health. Apart from train_loop so that its loop reads as the steps;
+    returns whether every rank stops after this step."""
+    # sync (host and ranks): the window's losses come back, with any rank's reason to stop,
+    # so that every rank stops after the same step (ReportCadence.close).
+    report = reports.close()
+    if evaluator is not None:  # between windows: in no step's time
+        _evaluate(evaluator, model, step, reports.reporter, reports.is_rank0)
+    reports.open_next(step, report)
+    saves.every = report.checkpoint_every or saves.every
+    checks.judge(step, report, sdc_due, saves)  # before any save at this step
+    return report.stop
 
 
 def _group_mesh(

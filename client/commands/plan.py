@@ -7,7 +7,7 @@ with no service running and prints exactly what the service would decide.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -108,22 +108,8 @@ def plan(
         return
     if gpus is None or seq is None or global_batch_tokens is None:
         fail("give --gpus, --seq and --global-batch-tokens (or: runyard plan accuracy)", Exit.USAGE)
-    if mlp is not None and mlp not in ("swiglu", "gelu"):
-        fail(f"--mlp must be swiglu or gelu, not {mlp!r}", Exit.USAGE)
-    shape = model_shape(
-        model,
-        dict(zip(SHAPE_FIELDS, (layers, hidden, heads, kv_heads, ffn, vocab, mlp), strict=True)),
-    )
-    pinned = {
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "zero_stage": zero,
-        "micro_batch_size": micro_batch,
-        "recompute": recompute,
-        "vp": vp,
-    }
+    shape = _shape_from_options(model, layers, hidden, heads, kv_heads, ffn, vocab, mlp)
+    pinned = _pinned_layout(dp, tp, pp, cp, zero, micro_batch, recompute, vp)
     groups = _replica_groups(replica_groups)
     calibration, calibration_note = cluster_calibration(hardware, uncalibrated)
     try:
@@ -141,18 +127,81 @@ def plan(
             calibration=calibration,
         ).model_dump()
     except PlanError as exc:
-        named = exc.message if exc.message.startswith(exc.field) else str(exc)
-        fail(named, Exit.ERROR if exc.advice else Exit.USAGE)
+        _fail_with(exc)
     causes = _step_causes(shape, result) if explain else None
     blocks = _blocks(result, gpus // gpus_per_node, block_size) if block_size else None
+    _print_result(result, calibration_note, blocks, causes, json)
+
+
+def _shape_from_options(
+    model: str | None,
+    layers: int | None,
+    hidden: int | None,
+    heads: int | None,
+    kv_heads: int | None,
+    ffn: int | None,
+    vocab: int | None,
+    mlp: str | None,
+) -> ModelShape:
+    """The model shape that --model and the shape options give (model_shape). --mlp is
+    checked first, so that a wrong value's error names the option."""
+    if mlp is not None and mlp not in ("swiglu", "gelu"):
+        fail(f"--mlp must be swiglu or gelu, not {mlp!r}", Exit.USAGE)
+    return model_shape(
+        model,
+        dict(zip(SHAPE_FIELDS, (layers, hidden, heads, kv_heads, ffn, vocab, mlp), strict=True)),
+    )
+
+
+def _pinned_layout(
+    dp: int | None,
+    tp: int | None,
+    pp: int | None,
+    cp: int | None,
+    zero: int | None,
+    micro_batch: int | None,
+    recompute: str | None,
+    vp: int | None,
+) -> dict[str, Any]:
+    """The pin options under the layout's field names, as the planner takes them (None:
+    the planner chooses)."""
+    return {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "zero_stage": zero,
+        "micro_batch_size": micro_batch,
+        "recompute": recompute,
+        "vp": vp,
+    }
+
+
+def _fail_with(exc: PlanError) -> NoReturn:
+    """One line naming the field at fault; a plan that cannot be had as asked (the error
+    carries advice) exits as an error, a bad option as a usage error."""
+    named = exc.message if exc.message.startswith(exc.field) else str(exc)
+    fail(named, Exit.ERROR if exc.advice else Exit.USAGE)
+
+
+def _print_result(
+    result: dict[str, Any],
+    calibration_note: str,
+    blocks: BlockPlan | None,
+    causes: list[StepCause] | None,
+    as_json: bool,
+) -> None:
+    """The plan as one JSON object (the blocks and the step's causes in it, if asked for),
+    or for people: the plan, where its calibration came from, then the blocks and causes."""
     if blocks is not None:
         result["blocks"] = asdict(blocks) | {"fits_in_blocks": blocks.fits_in_blocks}
-    if json:
+    if as_json:
         if causes is not None:
             result["step_explained"] = [
                 {"cause": c.cause, "seconds": c.seconds, "why": c.why} for c in causes
             ]
-        return print_json(result)
+        print_json(result)
+        return
     print_plan(result)
     console.print(calibration_note, highlight=False)
     if blocks is not None:

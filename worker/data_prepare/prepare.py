@@ -171,44 +171,9 @@ def _write_dataset(
     if (out / INDEX_FILE).exists():  # finished before: nothing to do
         return DatasetIndex.model_validate_json((out / INDEX_FILE).read_text())
 
-    dtype = np.dtype(dtype_for_vocab(identity.vocab))
-    train = ShardAppender(out, "shard", dtype, settings.shard_tokens)
-    validation = ShardAppender(out, "val", dtype, settings.shard_tokens)
-    journal = Journal(out / WORK_DIR / JOURNAL_FILE)
-    done = journal.entries()
-    last = done[-1] if done else {"train": 0, "validation": 0, "documents": 0, "val_docs": 0}
-    train.cut_to(last["train"])
-    validation.cut_to(last["validation"])
-    progress = PrepareProgress(len(units), len(done), len(done), resumed=resumed)
-    num_documents, num_val_documents = last["documents"], last["val_docs"]
-
-    def write(encoded: EncodedUnit) -> None:
-        nonlocal num_documents, num_val_documents
-        train.append(encoded.train)
-        validation.append(encoded.validation)
-        train.sync()
-        validation.sync()
-        _maybe_fault(encoded.number)
-        num_documents += encoded.num_documents
-        num_val_documents += encoded.num_validation_documents
-        journal.record(
-            {
-                "unit": encoded.number,
-                "train": train.num_tokens,
-                "validation": validation.num_tokens,
-                "documents": num_documents,
-                "val_docs": num_val_documents,
-            }
-        )
-        progress.units_done += 1
-        progress.tokens += len(encoded.train) + len(encoded.validation)
-        progress.documents += encoded.num_documents + encoded.num_validation_documents
-        progress.chars += encoded.num_chars
-        if on_progress is not None:
-            on_progress(progress)
-
+    writer = _DatasetWriter(out, identity, settings, len(units), resumed, on_progress)
     if on_progress is not None:
-        on_progress(progress)
+        on_progress(writer.progress)
     encoder = EncoderSettings(
         tokenizer_dir=str(tokenizer_dir),
         eos_token=identity.eos_token,
@@ -217,30 +182,90 @@ def _write_dataset(
         seed=settings.seed,
         num_units=len(units),
     )
-    _run_pool(units[len(done) :], len(done), encoder, num_workers, write)
+    num_done = writer.num_units_done
+    _run_pool(units[num_done:], num_done, encoder, num_workers, writer.write)
 
-    if train.num_tokens == 0:
-        raise PrepareError(f"{out}: no training tokens (are the inputs empty?)")
-    index = DatasetIndex(
-        format=2,
-        dtype=dtype_for_vocab(identity.vocab),
-        vocab=identity.vocab,
-        num_tokens=train.num_tokens,
-        sha256=train.sha256(),
-        source=", ".join(sorted({p for u in units for p in u.paths})),
-        shards=train.shards(),
-        num_documents=num_documents,
-        validation=TokenSplit(
-            num_tokens=validation.num_tokens,
-            num_documents=num_val_documents,
-            sha256=validation.sha256(),
-            shards=validation.shards(),
-        ),
-        tokenizer=identity,
-    )
+    index = writer.index(units)
     write_atomic(out / INDEX_FILE, index.model_dump_json(indent=2).encode())  # last
     os.chmod(out / INDEX_FILE, 0o644)  # mkstemp made it private; the service reads it too
     return index
+
+
+class _DatasetWriter:
+    """The output's two splits and its journal, taken up where the journal's last entry
+    left them: a unit's tokens are appended and synced before the journal records the
+    unit, so that a resume cuts the shards back to the end of the last unit recorded. Its
+    own class so that _write_dataset reads as: resume, encode the rest, write the index."""
+
+    def __init__(
+        self,
+        out: Path,
+        identity: TokenizerIdentity,
+        settings: PrepareSettings,
+        num_units: int,
+        resumed: bool,
+        on_progress: Callable[[PrepareProgress], None] | None,
+    ) -> None:
+        self.out, self.identity, self.on_progress = out, identity, on_progress
+        dtype = np.dtype(dtype_for_vocab(identity.vocab))
+        self.train = ShardAppender(out, "shard", dtype, settings.shard_tokens)
+        self.validation = ShardAppender(out, "val", dtype, settings.shard_tokens)
+        self.journal = Journal(out / WORK_DIR / JOURNAL_FILE)
+        done = self.journal.entries()
+        last = done[-1] if done else {"train": 0, "validation": 0, "documents": 0, "val_docs": 0}
+        self.train.cut_to(last["train"])
+        self.validation.cut_to(last["validation"])
+        self.num_units_done = len(done)  # by earlier, interrupted prepares
+        self.progress = PrepareProgress(num_units, len(done), len(done), resumed=resumed)
+        self.num_documents, self.num_val_documents = last["documents"], last["val_docs"]
+
+    def write(self, encoded: EncodedUnit) -> None:
+        """The next unit, in order: its tokens on disk, then its journal entry."""
+        self.train.append(encoded.train)
+        self.validation.append(encoded.validation)
+        self.train.sync()
+        self.validation.sync()
+        _maybe_fault(encoded.number)
+        self.num_documents += encoded.num_documents
+        self.num_val_documents += encoded.num_validation_documents
+        self.journal.record(
+            {
+                "unit": encoded.number,
+                "train": self.train.num_tokens,
+                "validation": self.validation.num_tokens,
+                "documents": self.num_documents,
+                "val_docs": self.num_val_documents,
+            }
+        )
+        progress = self.progress
+        progress.units_done += 1
+        progress.tokens += len(encoded.train) + len(encoded.validation)
+        progress.documents += encoded.num_documents + encoded.num_validation_documents
+        progress.chars += encoded.num_chars
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def index(self, units: list[Unit]) -> DatasetIndex:
+        """The index of what was written, every unit in (PrepareError if no training token)."""
+        if self.train.num_tokens == 0:
+            raise PrepareError(f"{self.out}: no training tokens (are the inputs empty?)")
+        return DatasetIndex(
+            format=2,
+            dtype=dtype_for_vocab(self.identity.vocab),
+            vocab=self.identity.vocab,
+            num_tokens=self.train.num_tokens,
+            sha256=self.train.sha256(),
+            source=", ".join(sorted({p for u in units for p in u.paths})),
+            shards=self.train.shards(),
+            num_documents=self.num_documents,
+            validation=TokenSplit(
+                num_tokens=self.validation.num_tokens,
+                num_documents=self.num_val_documents,
+                sha256=self.validation.sha256(),
+                shards=self.validation.shards(),
+            ),
+            tokenizer=self.identity,
+        )
 
 
 def _run_pool(
