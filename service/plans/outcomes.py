@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Attempt, Checkpoint, CheckpointState, Incident, Metric, PlanOutcome, Run
 from service.models.base import utcnow
-from service.runs.goodput import checkpoint_stall_s
+from service.runs.goodput_figures import checkpoint_stall_s
 
 WARMUP_STEPS = 2  # each attempt's first steps are not steady state (see the docstring)
 REFRESH_S = 15.0  # a running run's measurement is at most this old

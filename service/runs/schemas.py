@@ -21,7 +21,7 @@ from contract.entrypoint import ProgressPattern, ScriptEnvironment, ScriptResume
 from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
-from service.runs.goodput import Goodput
+from service.runs.goodput_figures import Goodput
 from service.tracking.spec import TrackingSpec
 
 

@@ -36,7 +36,8 @@ from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
 from service.runs import repository
 from service.runs.environment import script_python
-from service.runs.goodput import Goodput, achieved_mfu, compute_goodput
+from service.runs.goodput import achieved_mfu, compute_goodput
+from service.runs.goodput_figures import Goodput
 from service.runs.lifecycle import record_event, set_run_state
 from service.runs.schemas import (
     AttemptOut,
