@@ -159,7 +159,7 @@ def clock_steps() -> StepClock:
         (cancellation, "stop_cancelling"),
         (polling, "poll_attempts"),
         (loop.lighthouse, "maintain_lighthouses"),
-        (loop.fast_path, "submit_group_attempts"),
+        (submission, "submit_group_attempts"),
         (loop.ended_jobs, "cancel_jobs_of_ended_attempts"),
     ]:
         clock.wrap(module, name, name)

@@ -23,7 +23,7 @@ from service.nodes.topology import record_topology
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 from service.reconcile.leader import LeaderLock
-from service.recovery import ended_jobs, fast_path, lighthouse
+from service.recovery import ended_jobs, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -89,7 +89,7 @@ class Reconciler:
             ("run reservations", lambda: preemption.sync_run_reservations(s, slurm)),
             ("lighthouses", lambda: lighthouse.maintain_lighthouses(settings)),
             ("submission", lambda: submission.submit_pending(settings, s, slurm)),
-            ("replica groups", lambda: fast_path.submit_group_attempts(settings, s, slurm)),
+            ("replica groups", lambda: submission.submit_group_attempts(settings, s, slurm)),
             ("ended attempts' jobs", lambda: ended_jobs.cancel_jobs_of_ended_attempts(slurm)),
             ("sweeps", lambda: sweeps.submit_sweeps(settings, slurm)),
             ("cancellation", lambda: cancellation.stop_cancelling(settings, slurm)),
