@@ -166,7 +166,7 @@ def _is_slurm_error(exc: Exception) -> bool:
 
 
 def _failed(failure: str, message: str) -> dict[str, Any]:
-    """An OwnerFailure's value and the message (the values are service/identity/owner.py's,
+    """An OwnerFailure's value and the message (the values are service/slurm/owner.py's,
     spelled here so that answering imports nothing)."""
     return {"ok": False, "failure": failure, "message": message}
 

@@ -19,9 +19,9 @@ from contract.unix_groups import group_members
 from service.auth.principal import Principal
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
-from service.identity.owner import RunOwner
 from service.identity.repository import link_of
 from service.models import UserLink
+from service.slurm.owner import RunOwner
 
 # Unix and Slurm names: what useradd and sacctmgr accept, and nothing a shell would expand.
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")

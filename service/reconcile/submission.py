@@ -23,7 +23,6 @@ from contract import StopReason
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
-from service.identity.owner import OwnerAccessError, OwnerFailure
 from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
@@ -35,6 +34,7 @@ from service.runs.lifecycle import record_event, set_attempt_state, set_run_stat
 from service.runs.schemas import RunSpec
 from service.runs.service import attempt_folder, checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
+from service.slurm.owner import OwnerAccessError, OwnerFailure
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name

@@ -13,10 +13,10 @@ from contract.entrypoint import CLIENT_PACKAGE
 from service.config import Settings
 from service.errors import InvalidSpec
 from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
 from service.identity.service import OwnerUnavailable
 from service.runs.schemas import RunSpec, ScriptPythonOut
 from service.slurm.commands import SlurmError
+from service.slurm.owner import RunOwner
 from service.workers.protocol import NEWEST_PROTOCOL, OLDEST_PROTOCOL
 
 FIELD = "environment.python"

@@ -29,7 +29,6 @@ from service.auth.service import audit
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
 from service.identity.service import OwnerUnavailable, owner_for
 from service.models import Attempt, AttemptState, Run, RunState, Sweep, Team
 from service.plans import live_interval, outcomes
@@ -49,6 +48,7 @@ from service.runs.schemas import (
 )
 from service.runs.stop_requests import request_stop
 from service.slurm.commands import SlurmError
+from service.slurm.owner import RunOwner
 from service.tracking.spec import unavailable as trackers_unavailable
 
 

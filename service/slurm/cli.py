@@ -13,9 +13,9 @@ from pathlib import Path
 
 from service.config import Settings
 from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
 from service.slurm import commands, queries
 from service.slurm.commands import JobStatus, SlurmNode
+from service.slurm.owner import RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology
 

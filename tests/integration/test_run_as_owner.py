@@ -24,9 +24,9 @@ from client.api import ApiError, RunyardClient
 from client.devcluster.faults import rank_pids
 from client.devcluster.identity import SERVICE_USER
 from service.config import Settings
-from service.identity.owner import OwnerAccessError, RunOwner
 from service.reconcile.submission import check_submitted
 from service.slurm.cli import CliSlurmClient
+from service.slurm.owner import OwnerAccessError, RunOwner
 from service.slurm.submit import AttemptRequest
 from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
 from tests.integration.conftest import (

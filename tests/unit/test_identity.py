@@ -27,7 +27,7 @@ import json, sys
 from pathlib import Path
 from service.config import Settings
 from service.identity.gate import OwnerGate
-from service.identity.owner import OwnerAccessError, RunOwner
+from service.slurm.owner import OwnerAccessError, RunOwner
 owner, path = sys.argv[1], Path(sys.argv[2])
 gate = OwnerGate(Settings(accelerator="cpu", run_reconciler=False))
 try:
@@ -215,7 +215,7 @@ def test_fault_hooks_reach_jobs_only_from_a_dev_service(monkeypatch: pytest.Monk
 
     from service.config import Settings
     from service.identity import gate
-    from service.identity.owner import RunOwner
+    from service.slurm.owner import RunOwner
     from service.slurm.submit import AttemptRequest
 
     sent: list[dict[str, Any]] = []

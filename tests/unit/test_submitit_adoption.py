@@ -20,8 +20,8 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
-from service.identity.owner import RunOwner
 from service.slurm.cli import CliSlurmClient
+from service.slurm.owner import RunOwner
 from service.slurm.submit import SubmitSettings, finish_interrupted_submission, worker_command
 
 
