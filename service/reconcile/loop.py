@@ -17,6 +17,7 @@ from datetime import datetime
 
 from service.config import Settings
 from service.db import get_engine, session_scope
+from service.identity.gate import OwnerGate
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.nodes.topology import record_topology
@@ -45,7 +46,7 @@ class Reconciler:
 
     def __init__(self, settings: Settings, slurm: SlurmClient | None = None) -> None:
         self.settings = settings
-        self.slurm: SlurmClient = slurm or CliSlurmClient(settings)
+        self.slurm: SlurmClient = slurm or CliSlurmClient(settings, OwnerGate(settings))
         self.classifier = Classifier.from_file(settings.classification_file)
         # Since when this process has seen everything the workers and agents sent: its
         # start, and again each time it leads after losing the lock. Losing the lock means
