@@ -99,7 +99,7 @@ def probe_python(request: Request) -> Any:
 
 
 def read_log(request: Request) -> Any:
-    from service.runs.log_files import read_chunk
+    from service.identity.log_files import read_chunk
 
     args = request["args"]
     path = Path(args["path"])
