@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 
 from service import integrations
 from service.admin.endpoints import router as admin_router
+from service.admin.users import router as users_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
 from service.db import get_engine
@@ -24,7 +25,6 @@ from service.errors import (
     install_error_handlers,
     render_unavailable,
 )
-from service.identity.endpoints import router as identity_router
 from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
 from service.notifications.endpoints import router as notifications_router
@@ -120,7 +120,7 @@ def create_app() -> FastAPI:
     app.include_router(nodes_router)
     app.include_router(worker_router)
     app.include_router(admin_router)
-    app.include_router(identity_router)
+    app.include_router(users_router)
     app.include_router(plans_router)
     app.include_router(notifications_router)
     app.include_router(tracking_router)
