@@ -15,10 +15,11 @@ from sqlalchemy.exc import OperationalError
 
 from service import integrations
 from service.admin.endpoints import router as admin_router
+from service.admin.gauges import StateCollector
 from service.admin.users import router as users_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
-from service.db import get_engine
+from service.db import get_engine, session_scope
 from service.errors import (
     ERROR_RESPONSES,
     document_errors,
@@ -113,7 +114,7 @@ def create_app() -> FastAPI:
     )
     document_errors(app)
     app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
-    install_observability(app)
+    install_observability(app, StateCollector(session_scope, get_settings().goodput_low_after_s))
     app.include_router(runs_router)
     app.include_router(run_logs_router)
     app.include_router(sweeps_router)
