@@ -3,7 +3,7 @@
 Each tick reads the cluster once (outside any transaction), then runs the steps in an order
 that matters: recover from failures before restarting anything, keep the spare pool full
 before placing runs, place before submitting. Before each step the leader asks Postgres
-whether its session still holds the lock (service/reconcile/leader.py), so a replica that lost
+whether its session still holds the lock (service/leader.py), so a replica that lost
 its database connection, and with it the lock, stops acting before another replica starts.
 """
 
@@ -18,12 +18,12 @@ from datetime import datetime
 from service.config import Settings
 from service.db import get_engine, session_scope
 from service.identity.gate import OwnerGate
+from service.leader import LeaderLock
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.nodes.topology import record_topology
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
-from service.reconcile.leader import LeaderLock
 from service.recovery import ended_jobs, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
