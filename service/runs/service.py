@@ -31,9 +31,8 @@ from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.gate import OwnerGate
 from service.identity.service import OwnerUnavailable, owner_for
 from service.models import Attempt, AttemptState, Run, RunState, Sweep, Team
-from service.plans import live_interval, outcomes
 from service.plans.service import calibration_for
-from service.runs import repository
+from service.runs import live_interval, plan_outcomes, repository
 from service.runs.environment import script_python
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.goodput_figures import Goodput
@@ -340,7 +339,7 @@ def create_run(
     )
     session.add(run)
     session.flush()
-    outcomes.record_prediction(session, run, settings.accelerator)  # `runyard plan accuracy`
+    plan_outcomes.record_prediction(session, run, settings.accelerator)  # `runyard plan accuracy`
     record_event(
         session,
         run,

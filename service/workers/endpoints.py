@@ -11,7 +11,7 @@ from service.auth.deps import WORKER_OF_ATTEMPT
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, ErrorBody
-from service.plans import live_interval
+from service.runs import live_interval
 from service.runs.schemas import CheckpointOut
 from service.runs.service import worker_config
 from service.workers import service

@@ -14,7 +14,7 @@ from service.db import session_scope
 from service.models import PlanOutcome
 from service.plans.accuracy import accuracy_report
 from service.plans.history import cluster_calibration
-from service.plans.outcomes import WARMUP_STEPS
+from service.runs.plan_outcomes import WARMUP_STEPS
 from service.slurm.fake import FakeSlurm
 from service.workers import service as workers
 from service.workers.schemas import FinishReport, ProgressReport

@@ -6,7 +6,8 @@ REFRESH_S, and once more when its final step is reported): the steady-state step
 the median over every attempt's steps after its first WARMUP_STEPS (communicators being
 built, the allocator warming up, compilation), so that a checkpoint's slow step or a
 straggler's hiccup moves it little; checkpoint cost is the median save stall the workers
-measured; each recovery's phases come from its incident's timestamps.
+measured; each recovery's phases come from its incident's timestamps. The planner's
+calibration learns from these rows (service/plans/history.py).
 """
 
 from __future__ import annotations
