@@ -56,8 +56,9 @@ from service.recovery import spares  # noqa: E402
 from service.recovery.classification import Classifier  # noqa: E402
 from service.recovery.signals import SignalIn, ingest_node_events  # noqa: E402
 from service.runs import repository  # noqa: E402
+from service.runs.folders import checkpoint_folder  # noqa: E402
 from service.runs.schemas import RunSpec  # noqa: E402
-from service.runs.service import checkpoint_folder, create_run  # noqa: E402
+from service.runs.service import create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402
 from service.sweeps.schemas import SweepSpec  # noqa: E402
 from service.sweeps.service import create_sweep  # noqa: E402

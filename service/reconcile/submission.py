@@ -30,9 +30,9 @@ from service.recovery import fast_path, timeline
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
 from service.runs import repository, sdc
+from service.runs.folders import attempt_folder, checkpoint_folder, owner_roots
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import attempt_folder, checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.owner import OwnerAccessError, OwnerFailure
 from service.slurm.reservations import ensure_reservation

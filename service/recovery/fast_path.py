@@ -47,8 +47,8 @@ from service.recovery import spares
 from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository, rollback, sdc
+from service.runs.folders import attempt_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
-from service.runs.service import attempt_folder
 from service.slurm.placement import choose_replacement
 from service.slurm.submit import job_name
 
