@@ -22,7 +22,7 @@ from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput_figures import Goodput
-from service.tracking.spec import TrackingSpec
+from service.runs.tracking_spec import TrackingSpec
 
 
 class _Spec(BaseModel):

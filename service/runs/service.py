@@ -37,7 +37,7 @@ from service.runs.schemas import (
     ScriptPythonOut,
 )
 from service.runs.stop_requests import request_stop
-from service.tracking.spec import unavailable as trackers_unavailable
+from service.runs.tracking_spec import unavailable as trackers_unavailable
 
 
 def decide(

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from service.models import Attempt, Metric, Run, RunEvent
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.repository import checkpoints, newest_committed_checkpoint
+from service.runs.tracking_spec import TrackingSpec
 from service.tracking.records import (
     MAX_EVENTS_PER_BATCH,
     MAX_STEPS_PER_BATCH,
@@ -31,7 +32,6 @@ from service.tracking.records import (
     TrackedEvent,
     TrackedRun,
 )
-from service.tracking.spec import TrackingSpec
 
 # The timeline entries a tracker shows as events: recoveries, rollbacks, preemptions,
 # segment boundaries (an attempt stopping and the next one starting), and the end.
