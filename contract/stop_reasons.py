@@ -47,7 +47,7 @@ class StopReason(StrEnum):
     SLOW_NODE = "slow_node"
     # Data-parallel replicas' parameters disagreed (worker/sdc.py): the odd node is drained
     # and the run resumes from a checkpoint older than the last clean comparison
-    # (service/runs/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
+    # (service/recovery/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
     SDC = "sdc"
 
     @property

@@ -26,10 +26,10 @@ from service.db import session_scope
 from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
-from service.recovery import fast_path, timeline
+from service.recovery import fast_path, sdc, timeline
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
-from service.runs import repository, sdc
+from service.runs import repository
 from service.runs.folders import attempt_folder, checkpoint_folder, owner_roots
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec

@@ -43,10 +43,10 @@ from service.models import (
 )
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
-from service.recovery import spares
+from service.recovery import sdc, spares
 from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
-from service.runs import repository, rollback, sdc
+from service.runs import repository, rollback
 from service.runs.folders import attempt_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.slurm.placement import choose_replacement

@@ -24,8 +24,8 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes import stragglers
-from service.recovery import slow_nodes, timeline
-from service.runs import live_interval, plan_outcomes, repository, sdc
+from service.recovery import sdc, slow_nodes, timeline
+from service.runs import live_interval, plan_outcomes, repository
 from service.runs.folders import checkpoint_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec

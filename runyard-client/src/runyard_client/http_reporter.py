@@ -175,7 +175,7 @@ class HttpReporter(Reporter):
         message: str,
         outvoted: bool = False,
     ) -> None:
-        # Read when the job ends (service/runs/sdc.py) and drains `nodes` at once.
+        # Read when the job ends (service/recovery/sdc.py) and drains `nodes` at once.
         self._drain(timeout_s=WRITING_RETRY_S)
         body = error_body(
             self.rank,
