@@ -62,8 +62,8 @@ from service.runs.service import create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402
 from service.sweeps.schemas import SweepSpec  # noqa: E402
 from service.sweeps.service import create_sweep  # noqa: E402
+from service.worker_protocol.schemas import CheckpointReport, FinishReport  # noqa: E402
 from service.workers import service as workers  # noqa: E402
-from service.workers.schemas import CheckpointReport, FinishReport  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from service.runs import live_interval, plan_outcomes, repository
 from service.runs.folders import checkpoint_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.workers.schemas import (
+from service.worker_protocol.schemas import (
     CheckpointReport,
     ErrorReport,
     FinishReport,

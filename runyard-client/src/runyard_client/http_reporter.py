@@ -45,7 +45,7 @@ def attempt_url(service_url: str, attempt_id: int) -> str:
 def error_body(
     rank: int, node: str, kind: str, message: str, step: int | None, **extra: Any
 ) -> dict[str, Any]:
-    """The body of POST .../errors (service/workers/schemas.py ErrorReport), with the
+    """The body of POST .../errors (service/worker_protocol/schemas.py ErrorReport), with the
     service's length limits applied."""
     body: dict[str, Any] = {
         "rank": rank,

@@ -25,8 +25,13 @@ from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
 from service.runs import repository
 from service.runs.service import run_goodput, worker_config
+from service.worker_protocol.schemas import (
+    CheckpointReport,
+    ErrorReport,
+    FinishReport,
+    ProgressReport,
+)
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import Cluster
 

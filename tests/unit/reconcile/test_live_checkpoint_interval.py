@@ -22,9 +22,9 @@ from service.runs import live_interval, plan_outcomes
 from service.runs.schemas import RunSpec
 from service.runs.service import create_run
 from service.slurm.fake import FakeSlurm
+from service.worker_protocol.schemas import CheckpointReport, ProgressReport
 from service.workers import endpoints
 from service.workers import service as workers_service
-from service.workers.schemas import CheckpointReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import OWNER, PREFIX, Cluster, link_owner
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id
