@@ -17,6 +17,7 @@ from service import integrations
 from service.admin.endpoints import router as admin_router
 from service.admin.gauges import StateCollector
 from service.admin.users import router as users_router
+from service.agents.endpoints import router as agents_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
 from service.db import get_engine, session_scope
@@ -119,6 +120,7 @@ def create_app() -> FastAPI:
     app.include_router(run_logs_router)
     app.include_router(sweeps_router)
     app.include_router(nodes_router)
+    app.include_router(agents_router)
     app.include_router(worker_router)
     app.include_router(admin_router)
     app.include_router(users_router)
