@@ -25,9 +25,9 @@ class StopReason(StrEnum):
     JOB_FAILED = "job_failed"  # the job left Slurm without the worker's final step
     DO_NOT_RETRY = "do_not_retry"  # the worker exited with ExitCode.DO_NOT_RETRY
     SUBMISSION_FAILED = "submission_failed"  # sbatch refused the job
-    # The checkpoint this attempt resumed from failed its checksums (service/checkpoints):
-    # it is marked CORRUPT and the next attempt resumes from the one before. The run did
-    # nothing wrong, so it uses up none of max_restarts.
+    # The checkpoint this attempt resumed from failed its checksums
+    # (service/recovery/checkpoints.py): it is marked CORRUPT and the next attempt resumes
+    # from the one before. The run did nothing wrong, so it uses up none of max_restarts.
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"
     # The same failure at the same step as the attempt before, which resumed from the same
     # checkpoint: a bug or bad data, not bad luck. Retried once, then the run stops here

@@ -5,9 +5,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.checkpoints import service as checkpoints
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
-from service.recovery import repeats, sdc
+from service.recovery import checkpoints, repeats, sdc
 from service.runs import repository, rollback
 from service.runs.lifecycle import set_attempt_state, set_run_state
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from service.checkpoints.service import mark_corrupt
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound
 from service.models import (
@@ -25,6 +24,7 @@ from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes import stragglers
 from service.recovery import sdc, slow_nodes, timeline
+from service.recovery.checkpoints import mark_corrupt
 from service.runs import live_interval, plan_outcomes, repository
 from service.runs.folders import checkpoint_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
