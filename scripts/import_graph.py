@@ -4,9 +4,11 @@ Every import counts: those at a module's top, those inside functions (lazy ones)
 under `if TYPE_CHECKING:`, as import-linter counts them. Prints
 
   (a) file-level cycles: each strongly connected component of more than one module, with
-      its edges, and
+      its edges;
   (b) cycles among service/'s subpackages: the same over edges service.X -> service.Y
-      (a module directly in service/, such as service.config, is a node of its own).
+      (a module directly in service/, such as service.config, is a node of its own);
+  (c) the same among the children of every other package, at every depth (import-linter's
+      acyclic_siblings contract, here with bench/ and its bare-name imports too).
 
     python scripts/import_graph.py           # the listing; exit 1 on any cycle
     python scripts/import_graph.py --edges service.models   # what a module or package imports
@@ -145,31 +147,50 @@ def strongly_connected(graph: Graph) -> list[list[str]]:
     return sorted(components)
 
 
-def subpackage_graph(graph: Graph) -> dict[str, dict[str, set[str]]]:
-    """service.X -> service.Y -> the module edges that make it, for X != Y."""
+def children_graph(graph: Graph, package: str) -> dict[str, dict[str, set[str]]]:
+    """The graph among `package`'s children (its subpackages and modules), each standing for
+    every module under it: child X -> child Y -> the module edges that make it, for X != Y.
+    The package's own __init__ is no child."""
+    depth = package.count(".") + 2
 
-    def unit(module: str) -> str | None:
-        parts = module.split(".")
-        if parts[0] != "service" or len(parts) < 2:
+    def child(module: str) -> str | None:
+        if not module.startswith(package + "."):
             return None
-        return ".".join(parts[:2])
+        return ".".join(module.split(".")[:depth])
 
     edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for source, targets in graph.items():
-        source_unit = unit(source)
-        if source_unit is None:
+        source_child = child(source)
+        if source_child is None:
             continue
-        edges[source_unit]  # every subpackage is a node, even with no edges out
+        edges[source_child]  # every child is a node, even with no edges out
         for target in targets:
-            target_unit = unit(target)
-            if target_unit is not None and target_unit != source_unit:
-                edges[source_unit][target_unit].add(f"{source} -> {target}")
+            target_child = child(target)
+            if target_child is not None and target_child != source_child:
+                edges[source_child][target_child].add(f"{source} -> {target}")
     return edges
 
 
+def packages(graph: Graph) -> list[str]:
+    """Every package: a module with modules under it."""
+    return sorted({m.rsplit(".", 1)[0] for m in graph if "." in m})
+
+
+def _print_components(
+    edges: dict[str, dict[str, set[str]]], components: list[list[str]], indent: str = "  "
+) -> None:
+    for component in components:
+        members = set(component)
+        print(f"{indent}- {', '.join(component)}")
+        for source in component:
+            for target in sorted(set(edges[source]) & members):
+                via = sorted(edges[source][target])
+                shown = "; ".join(via[:3]) + (f"; and {len(via) - 3} more" if len(via) > 3 else "")
+                print(f"{indent}    {source} -> {target}  ({shown})")
+
+
 def report(graph: Graph) -> int:
-    """Print both listings; the number of cycles found."""
-    found = 0
+    """Print the three listings; the number of cycles found."""
     print("(a) file-level cycles (strongly connected components of more than one module):")
     file_cycles = strongly_connected(graph)
     for component in file_cycles:
@@ -180,24 +201,30 @@ def report(graph: Graph) -> int:
                 print(f"      {source} -> {target}")
     if not file_cycles:
         print("  none")
-    found += len(file_cycles)
 
     print("(b) cycles among service/'s subpackages:")
-    units = subpackage_graph(graph)
-    unit_graph = {source: set(targets) for source, targets in units.items()}
-    unit_cycles = strongly_connected(unit_graph)
-    for component in unit_cycles:
-        members = set(component)
-        print(f"  - {', '.join(component)}")
-        for source in component:
-            for target in sorted(unit_graph[source] & members):
-                via = sorted(units[source][target])
-                shown = "; ".join(via[:3]) + (f"; and {len(via) - 3} more" if len(via) > 3 else "")
-                print(f"      {source} -> {target}  ({shown})")
+    units = children_graph(graph, "service")
+    unit_cycles = strongly_connected({u: set(targets) for u, targets in units.items()})
+    _print_components(units, unit_cycles)
     if not unit_cycles:
         print("  none")
-    found += len(unit_cycles)
-    return found
+
+    # What import-linter's acyclic_siblings checks: a cycle between two modules of different
+    # folders shows here even where (a) has none (a -> b.x, b.y -> a).
+    print("(c) cycles among the children of every other package, at any depth:")
+    sibling_cycles = 0
+    for package in packages(graph):
+        if package == "service":
+            continue  # (b)
+        children = children_graph(graph, package)
+        cycles = strongly_connected({c: set(targets) for c, targets in children.items()})
+        if cycles:
+            print(f"  in {package}:")
+            _print_components(children, cycles, indent="    ")
+        sibling_cycles += len(cycles)
+    if not sibling_cycles:
+        print("  none")
+    return len(file_cycles) + len(unit_cycles) + sibling_cycles
 
 
 def main(argv: list[str] | None = None) -> int:
