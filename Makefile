@@ -51,10 +51,13 @@ test-slurm-24.11: $(STAMP)
 	$(ON_2411) $(VENV)/bin/pytest -ra -m whole_path
 	$(ON_2411) $(VENV)/bin/pytest -ra tests/integration/test_block_topology.py
 
+# lint-imports: the contracts in pyproject.toml (directions, no cycles, service's layers);
+# scripts/import_graph.py: no import cycle anywhere, bench/ included (it lists any it finds).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python scripts/import_graph.py
 
 # With the tests' fakes and shared fixtures (the fake Slurm itself is in service/slurm/).
 typecheck: $(STAMP)

@@ -36,6 +36,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.planner_prediction import load_cases, predict_tokens_per_gpu  # noqa: E402
 from planner import attention, step_time  # noqa: E402
 
 SOURCE_A = REPO_ROOT / "bench" / "planner_cases_cp_sources.json"
@@ -114,8 +115,6 @@ def _relative_at(rows: list[Case], predict: Predict, value: float) -> dict[str, 
 
 
 def main() -> None:
-    from planner_accuracy import load_cases, predict_tokens_per_gpu
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--smoke", action="store_true", help="the whole fit (it takes under a second)"

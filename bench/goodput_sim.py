@@ -21,7 +21,7 @@ last row gives the fast path at the classic interval, as the simulation ran befo
 planner returned the fast path's (sim/engine.py SimConfig.interval_s).
 A last table sets the checkpoint interval fixed at submission (the planner's at Llama 3's
 rate, what a run got before issue 33) against the service's live interval, re-derived from
-the failures the cluster has seen (service/plans/live_interval.py via sim/live_interval.py),
+the failures the cluster has seen (service/runs/live_interval.py via sim/live_interval.py),
 at 1x, 3x and 10x the rate on the classic path; the live one must be at least as good in
 every row. Deterministic for its seeds. The last line is one JSON object with the figures, the
 targets (>= 98.5% at x1 with <= 1.5% of nodes as spares, >= 95% at x10) and "target_met".
@@ -115,7 +115,7 @@ def show(title: str, s: dict[str, object]) -> None:
 def live_against_fixed(days: float) -> list[dict[str, float]]:
     """The classic path at 1x, 3x and 10x Llama 3's rate: the interval fixed at submission
     from the rate assumed for the fleet (the planner's at 1x) against the service's live one
-    (service/plans/live_interval.py), which starts from it and follows the failures seen."""
+    (service/runs/live_interval.py), which starts from it and follows the failures seen."""
     fixed_s = Simulation(SimConfig(days=days, fast_path=False)).interval_s
     print(
         f"\ncheckpoint interval fixed at submission ({fixed_s:.0f} s, the planner's at "

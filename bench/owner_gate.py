@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.config import Settings
 from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
+from service.slurm.owner import RunOwner
 
 SERVICE_USER, OWNER = "runyard", "alice"
 REPEATS = 7

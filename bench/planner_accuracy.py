@@ -36,13 +36,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import statistics
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,98 +49,25 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))  # cp_ring_fit, also when imported 
 
 import cp_ring_fit  # noqa: E402
 
-from contract import ModelShape  # noqa: E402
-from planner import hardware as hardware_presets  # noqa: E402
-from planner.attention_kernels import KERNELS  # noqa: E402
-from planner.calibration import Calibration, StepObservation, calibrate  # noqa: E402
-from planner.plan import PlanError, plan  # noqa: E402
-from planner.schemas import PlanResult  # noqa: E402
-
-CASE_FILES = (
-    REPO_ROOT / "bench" / "planner_cases.json",
-    REPO_ROOT / "bench" / "planner_cases_edges.json",
+from bench.planner_prediction import (  # noqa: E402
+    load_cases,
+    planned,
+    predict,
+    predict_tokens_per_gpu,
+    preset_changed,
 )
+from planner.calibration import StepObservation, calibrate  # noqa: E402
+from planner.plan import PlanError  # noqa: E402
+
 BEFORE = REPO_ROOT / "bench" / "planner_accuracy_before.json"
 TARGET_MEDIAN = 0.07
 TARGET_MAX = 0.25
 GEMM_EFFICIENCY_GRID = [round(0.50 + 0.01 * i, 2) for i in range(36)]  # 0.50 .. 0.85
-LAYOUT_PINS = {  # case layout key -> planner pin
-    "dp": "dp",
-    "tp": "tp",
-    "pp": "pp",
-    "cp": "cp",
-    "zero_stage": "zero_stage",
-    "micro_batch_size": "micro_batch_size",
-    "recompute": "recompute",
-    "virtual_stages": "vp",
-}
-
-
-def load_cases() -> list[dict[str, Any]]:
-    """Every case of both files, the shared ones first."""
-    return [case for path in CASE_FILES for case in json.loads(path.read_text())["cases"]]
-
-
-@contextmanager
-def preset_changed(hardware: str, **changes: Any) -> Iterator[None]:
-    """Plan with `hardware`'s preset changed as given, then put the preset back."""
-    original = hardware_presets.HARDWARE[hardware]
-    hardware_presets.HARDWARE[hardware] = dataclasses.replace(original, **changes)
-    try:
-        yield
-    finally:
-        hardware_presets.HARDWARE[hardware] = original
 
 
 def gemm_efficiency(hardware: str, value: float) -> contextlib.AbstractContextManager[None]:
     """Plan with `hardware`'s GEMM efficiency set to `value` (the leave-one-out refit)."""
     return preset_changed(hardware, gemm_efficiency=value)
-
-
-def stack_changes(case: dict[str, Any]) -> dict[str, Any]:
-    """The software a case states it ran (an input like its chip): kernel, fused loss."""
-    stack = case.get("stack", {})
-    changes: dict[str, Any] = {}
-    if "attention_kernel" in stack:
-        changes["attention_kernel"] = KERNELS[stack["attention_kernel"]]
-    for flag in ("fused_loss", "selective_reruns_every_second_matmul", "cp_eager_fp32_merge"):
-        if flag in stack:
-            changes[flag] = bool(stack[flag])
-    return changes
-
-
-def predict(case: dict[str, Any], calibration: Calibration | None = None) -> tuple[float, str]:
-    """(tokens/s per GPU, what the planner chose) with the case's published layout pinned."""
-    result = planned(case, calibration)
-    chosen = result.layout
-    return result.tokens_per_s_per_gpu, (
-        f"zero={chosen.zero_stage} mb={chosen.micro_batch_size} vp={chosen.vp} "
-        f"recompute={chosen.recompute}"
-    )
-
-
-def predict_tokens_per_gpu(case: dict[str, Any]) -> float:
-    """The planner's tokens/s per GPU for a case (cp_ring_fit.py's predictor)."""
-    return predict(case)[0]
-
-
-def planned(case: dict[str, Any], calibration: Calibration | None = None) -> PlanResult:
-    """The plan of a case as its source ran it: its chip, its stack, its layout pinned."""
-    layout = case["layout"]
-    pinned = {pin: layout[key] for key, pin in LAYOUT_PINS.items() if key in layout}
-    with preset_changed(case["hardware"], **stack_changes(case)):
-        return plan(
-            ModelShape(**case["model"]),
-            hardware=case["hardware"],
-            num_gpus=case["gpus"],
-            seq_len=case["seq_len"],
-            global_batch_tokens=case["global_batch_tokens"],
-            precision=layout.get("precision", "bf16"),
-            pinned=pinned,
-            num_runners_up=0,
-            calibration=calibration,
-            replica_groups=1,  # as the sources ran: one group, classic recovery
-        )
 
 
 def measured_step_s(case: dict[str, Any]) -> float:

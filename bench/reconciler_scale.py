@@ -56,13 +56,14 @@ from service.recovery import spares  # noqa: E402
 from service.recovery.classification import Classifier  # noqa: E402
 from service.recovery.signals import SignalIn, ingest_node_events  # noqa: E402
 from service.runs import repository  # noqa: E402
+from service.runs.folders import checkpoint_folder  # noqa: E402
 from service.runs.schemas import RunSpec  # noqa: E402
-from service.runs.service import checkpoint_folder, create_run  # noqa: E402
+from service.runs.service import create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402
 from service.sweeps.schemas import SweepSpec  # noqa: E402
 from service.sweeps.service import create_sweep  # noqa: E402
+from service.worker_protocol.schemas import CheckpointReport, FinishReport  # noqa: E402
 from service.workers import service as workers  # noqa: E402
-from service.workers.schemas import CheckpointReport, FinishReport  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +160,7 @@ def clock_steps() -> StepClock:
         (cancellation, "stop_cancelling"),
         (polling, "poll_attempts"),
         (loop.lighthouse, "maintain_lighthouses"),
-        (loop.fast_path, "submit_group_attempts"),
+        (submission, "submit_group_attempts"),
         (loop.ended_jobs, "cancel_jobs_of_ended_attempts"),
     ]:
         clock.wrap(module, name, name)

@@ -7,13 +7,13 @@ from typing import Any
 
 import httpx
 
+from client.dev_state import default_state_dir
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def dev_cluster_token() -> str | None:
     """The local dev cluster's admin token, when no RUNYARD_TOKEN is set."""
-    from client.devcluster.cluster import default_state_dir
-
     path = default_state_dir() / "admin.token"
     try:
         return path.read_text().strip() or None

@@ -25,9 +25,9 @@ class StopReason(StrEnum):
     JOB_FAILED = "job_failed"  # the job left Slurm without the worker's final step
     DO_NOT_RETRY = "do_not_retry"  # the worker exited with ExitCode.DO_NOT_RETRY
     SUBMISSION_FAILED = "submission_failed"  # sbatch refused the job
-    # The checkpoint this attempt resumed from failed its checksums (service/checkpoints):
-    # it is marked CORRUPT and the next attempt resumes from the one before. The run did
-    # nothing wrong, so it uses up none of max_restarts.
+    # The checkpoint this attempt resumed from failed its checksums
+    # (service/recovery/checkpoints.py): it is marked CORRUPT and the next attempt resumes
+    # from the one before. The run did nothing wrong, so it uses up none of max_restarts.
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"
     # The same failure at the same step as the attempt before, which resumed from the same
     # checkpoint: a bug or bad data, not bad luck. Retried once, then the run stops here
@@ -47,7 +47,7 @@ class StopReason(StrEnum):
     SLOW_NODE = "slow_node"
     # Data-parallel replicas' parameters disagreed (worker/sdc.py): the odd node is drained
     # and the run resumes from a checkpoint older than the last clean comparison
-    # (service/runs/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
+    # (service/recovery/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
     SDC = "sdc"
 
     @property

@@ -15,16 +15,18 @@ from sqlalchemy.exc import OperationalError
 
 from service import integrations
 from service.admin.endpoints import router as admin_router
+from service.admin.gauges import StateCollector
+from service.admin.users import router as users_router
+from service.agents.endpoints import router as agents_router
 from service.auth.deps import watch_revocations
 from service.config import get_settings
-from service.db import get_engine
+from service.db import get_engine, session_scope
 from service.errors import (
     ERROR_RESPONSES,
     document_errors,
     install_error_handlers,
     render_unavailable,
 )
-from service.identity.endpoints import router as identity_router
 from service.limits import BodySizeLimit
 from service.nodes.endpoints import router as nodes_router
 from service.notifications.endpoints import router as notifications_router
@@ -113,14 +115,15 @@ def create_app() -> FastAPI:
     )
     document_errors(app)
     app.add_middleware(BodySizeLimit, max_bytes=get_settings().max_body_bytes)
-    install_observability(app)
+    install_observability(app, StateCollector(session_scope, get_settings().goodput_low_after_s))
     app.include_router(runs_router)
     app.include_router(run_logs_router)
     app.include_router(sweeps_router)
     app.include_router(nodes_router)
+    app.include_router(agents_router)
     app.include_router(worker_router)
     app.include_router(admin_router)
-    app.include_router(identity_router)
+    app.include_router(users_router)
     app.include_router(plans_router)
     app.include_router(notifications_router)
     app.include_router(tracking_router)

@@ -146,7 +146,7 @@ class Settings(BaseSettings):
         default=168.0,
         gt=0,
         description="The window over which the cluster's observed failures (incidents per "
-        "node-hour) set each running run's checkpoint interval (service/plans/"
+        "node-hour) set each running run's checkpoint interval (service/runs/"
         "live_interval.py); a week holds tens of failures at 1,000 nodes.",
     )
     classification_file: Path | None = Field(

@@ -9,6 +9,7 @@ import threading
 from service.config import Settings
 from service.models import TrackerKind
 from service.notifications import loop as notifications
+from service.runs.goodput_low import enqueue_low_goodput
 from service.tracking.loop import ExportLoop
 from service.tracking.metrics import register_collector
 
@@ -19,7 +20,7 @@ def start(settings: Settings, stop: threading.Event) -> list[threading.Thread]:
     threads = [
         threading.Thread(
             target=notifications.run_forever,
-            args=(settings, stop),
+            args=(settings, stop, [enqueue_low_goodput]),
             name="notifications",
             daemon=True,
         )

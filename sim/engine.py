@@ -24,8 +24,7 @@ from typing import Any
 
 from planner import reliability
 from service.config import Settings
-from service.models import RecoveryAction
-from service.recovery.paths import RecoveryPath
+from service.models import RecoveryAction, RecoveryPath
 from sim import failures
 from sim.cluster import Cluster
 from sim.costs import NCCL_TRANSPORT_TIMEOUT_S, PhaseCosts, phase_costs

@@ -1,7 +1,7 @@
 """The service's live checkpoint interval on the simulated cluster.
 
 The service re-derives a running run's interval from the failures the cluster had over a
-window (service/plans/live_interval.py). Here the same functions are fed with what the
+window (service/runs/live_interval.py). Here the same functions are fed with what the
 simulation's cluster sees: each failure as it happens, the cluster's node-hours in the
 window, the run's nodes, its checkpoint stall and step time. As in the service, a change
 under `live_interval.MIN_CHANGE` of the current interval is not made.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from service.config import Settings
-from service.plans import live_interval
+from service.runs import live_interval
 
 
 class LiveInterval:

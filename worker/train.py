@@ -484,7 +484,7 @@ class HealthChecks:
         odd nodes and roll back to a checkpoint from before the last clean comparison.
 
         A save still in flight is let commit and registered like any other: if it is newer
-        than the last clean comparison the service distrusts it (service/runs/sdc.py), and
+        than the last clean comparison the service distrusts it (service/recovery/sdc.py), and
         if it was saved at that comparison it is the clean checkpoint the run resumes from."""
         saves.close()
         text = mismatch.describe(self.nodes)

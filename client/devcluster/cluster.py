@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from client.dev_state import default_slurm_prefix, default_state_dir
 from client.devcluster import accounting, identity, pg_instance, port_claim, postgres
 from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
@@ -66,13 +67,6 @@ def prefix_database_url(slurm_prefix: Path) -> str:
     return DevCluster(default_state_dir(slurm_prefix), slurm_prefix=slurm_prefix).database_url
 
 
-def default_slurm_prefix() -> Path | None:
-    """The Slurm prefix the dev cluster runs on (RUNYARD_DEV_SLURM, as `dev up --slurm`
-    sets it); None: Debian's packaged Slurm on PATH."""
-    prefix = os.environ.get("RUNYARD_DEV_SLURM")
-    return Path(prefix).resolve() if prefix else None
-
-
 def default_service_port() -> int:
     return 8000 + (PREFIX_PORT_OFFSET if default_slurm_prefix() else 0)
 
@@ -81,14 +75,6 @@ def default_database_url() -> str:
     """The default dev cluster's database (its own Postgres): what the doctor checks when
     no RUNYARD_DATABASE_URL says otherwise."""
     return DevCluster(default_state_dir()).database_url
-
-
-def default_state_dir(slurm_prefix: Path | None = None) -> Path:
-    """RUNYARD_DEV_DIR, else .runyard/dev; a cluster on a Slurm prefix of its own gets a
-    folder of its own (.runyard/dev-slurm-24.11 for /opt/slurm-24.11)."""
-    prefix = slurm_prefix or default_slurm_prefix()
-    name = f"dev-{prefix.name}" if prefix else "dev"
-    return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / name)).resolve()
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from client.dev_state import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["REPO_ROOT"]

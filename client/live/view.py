@@ -4,7 +4,7 @@ terminal) and the plain lines printed instead when stdout is not a terminal."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -12,10 +12,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from client.live.feed import RunSnapshot
 from client.output import short_time
-
-if TYPE_CHECKING:  # watch.py imports this module to draw its snapshots
-    from client.live.watch import RunSnapshot
 
 STATE_STYLE = {
     "PENDING": "yellow",

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 
+from service.admin import service as admin
 from service.admin.schemas import (
     AuditOut,
     IncidentOut,
@@ -38,7 +39,7 @@ def drain(
     name: str, body: DrainRequest, session: SessionDep, principal: PrincipalDep
 ) -> IncidentOut | None:
     """Drain a node; a run on it moves to a spare like after a hardware failure."""
-    incident = nodes.request_drain(session, name, body.reason)
+    incident = admin.request_drain(session, name, body.reason)
     auth.audit(session, principal, "node.drain", name, {"reason": body.reason})
     return incident_out(incident) if incident else None
 

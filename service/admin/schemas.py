@@ -7,8 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.models import IncidentState, RecoveryAction, Role
-from service.recovery.paths import ClassicBecause, RecoveryPath
+from service.models import ClassicBecause, IncidentState, RecoveryAction, RecoveryPath, Role
 
 
 class SparePool(BaseModel):

@@ -99,7 +99,7 @@ def probe_python(request: Request) -> Any:
 
 
 def read_log(request: Request) -> Any:
-    from service.runs.log_files import read_chunk
+    from service.identity.log_files import read_chunk
 
     args = request["args"]
     path = Path(args["path"])
@@ -166,7 +166,7 @@ def _is_slurm_error(exc: Exception) -> bool:
 
 
 def _failed(failure: str, message: str) -> dict[str, Any]:
-    """An OwnerFailure's value and the message (the values are service/identity/owner.py's,
+    """An OwnerFailure's value and the message (the values are service/slurm/owner.py's,
     spelled here so that answering imports nothing)."""
     return {"ok": False, "failure": failure, "message": message}
 

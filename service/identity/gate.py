@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from service.config import ServiceEnvironment, Settings
-from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.identity.python_probe import PROBE_TIMEOUT_S, ProbedPython, answer_of
 from service.slurm.commands import slurm_error
+from service.slurm.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, encode_request
 
 INSPECT_TIMEOUT_S = 20.0

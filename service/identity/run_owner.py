@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.identity.owner import RunOwner
 from service.identity.repository import link_of
 from service.models import Run
 from service.models.sweep import Sweep
+from service.slurm.owner import RunOwner
 
 
 def owner_of(run: Run | Sweep, settings: Settings | None = None) -> RunOwner:

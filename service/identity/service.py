@@ -12,19 +12,30 @@ import grp
 import os
 import pwd
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
 from contract.unix_groups import group_members
-from service.auth.principal import Principal
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
-from service.identity.owner import RunOwner
 from service.identity.repository import link_of
 from service.models import UserLink
+from service.slurm.owner import RunOwner
 
 # Unix and Slurm names: what useradd and sacctmgr accept, and nothing a shell would expand.
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+class Caller(Protocol):
+    """Who asks: service/auth's Principal, of which identity needs the name and the team
+    only (auth builds on identity: its bootstrap links users, so identity imports no auth)."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def team(self) -> str: ...
 
 
 class OwnerUnavailable(AppError):
@@ -42,9 +53,7 @@ class NotLinked(AppError):
     code = "not_linked"
 
 
-def owner_for(
-    session: Session, principal: Principal, settings: Settings, priority: str
-) -> RunOwner:
+def owner_for(session: Session, principal: Caller, settings: Settings, priority: str) -> RunOwner:
     """The identity a run submitted by `principal` runs as; NotLinked if there is none."""
     link = link_of(session, principal.user)
     if link is None:
@@ -60,7 +69,7 @@ def owner_for(
 
 
 def link_user(
-    session: Session, user: str, unix_user: str, slurm_account: str | None, principal: Principal
+    session: Session, user: str, unix_user: str, slurm_account: str | None, principal: Caller
 ) -> UserLink:
     """Link (or re-link) `user`; the Unix user must exist here and must not be privileged."""
     check_unix_user(unix_user, get_settings().owner_group)

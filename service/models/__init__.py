@@ -3,7 +3,14 @@
 from service.models.auth import ApiToken, AuditEntry, Role, Team
 from service.models.base import Base
 from service.models.identity import UserLink
-from service.models.incident import ClusterSetting, Incident, IncidentState, RecoveryAction
+from service.models.incident import (
+    ClassicBecause,
+    ClusterSetting,
+    Incident,
+    IncidentState,
+    RecoveryAction,
+    RecoveryPath,
+)
 from service.models.node import Node, NodeEvent, NodeState
 from service.models.notification import (
     DeliveryState,
@@ -34,6 +41,7 @@ __all__ = [
     "Base",
     "Checkpoint",
     "CheckpointState",
+    "ClassicBecause",
     "ClusterSetting",
     "DeliveryState",
     "ExportState",
@@ -49,6 +57,7 @@ __all__ = [
     "NotificationSubscription",
     "PlanOutcome",
     "RecoveryAction",
+    "RecoveryPath",
     "Role",
     "Run",
     "RunEvent",

@@ -11,7 +11,38 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.models.base import Base, Timestamped, utcnow
-from service.recovery.paths import ClassicBecause, RecoveryPath
+
+
+class RecoveryPath(StrEnum):
+    """How the service recovers a run from a failure."""
+
+    # Only the failed replica group's job is resubmitted; the others keep stepping.
+    FAST = "fast"
+    # The whole run stops and restarts from its last committed disk checkpoint.
+    CLASSIC = "classic"
+
+
+class ClassicBecause(StrEnum):
+    """Why the fast path cannot handle a failure (stored on the incident)."""
+
+    # The run has a single replica group: there is no peer to keep stepping or to heal from.
+    NO_REPLICAS = "no_replicas"
+    # Every replica group lost a node at once: no live copy of the state is left to heal
+    # from, so the state must come from disk.
+    ALL_COPIES_LOST = "all_copies_lost"
+    # Some groups survive, but fewer than the run requires to keep stepping (the quorum's
+    # minimum size, torchft's min_replica_size).
+    TOO_FEW_HEALTHY_GROUPS = "too_few_healthy_groups"
+    # The failure is not confined to replica groups: the lighthouse that holds the quorum
+    # is gone, so no group can step until it is restarted with the run.
+    LIGHTHOUSE_LOST = "lighthouse_lost"
+    # The service found a fast recovery it had started but cannot finish it: the surviving
+    # groups stopped while it was down (no live peer any more). A fast recovery whose
+    # survivors still step is resumed, not demoted: see service/recovery/fast_path.py.
+    SURVIVORS_STOPPED_DURING_SERVICE_RESTART = "survivors_stopped_during_service_restart"
+    # The groups' copies disagreed (silent data corruption: every group compares with the
+    # others and all stop): no copy is trusted to heal from, the run rolls back from disk.
+    ROLLBACK = "rollback"
 
 
 class RecoveryAction(StrEnum):

@@ -54,6 +54,6 @@ class PlanOutcome(Timestamped, Base):
     num_checkpoints: Mapped[int] = mapped_column(Integer, default=0)
     measured_restart_s: Mapped[float | None] = mapped_column(Float)  # median, signal to step
     # Each recovery's phases in seconds: detect, drain, end, resubmit, start, first_step,
-    # total (service/plans/outcomes.py recovery_phases).
+    # total (service/runs/plan_outcomes.py recovery_phases).
     recoveries: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     measured_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -65,7 +65,7 @@ class CheckpointState(StrEnum):
     COMMITTED = "COMMITTED"  # every rank finished and the marker is on disk: safe to load
     DELETED = "DELETED"  # pruned after newer ones were committed
     # Its files failed their checksums (at commit or at load): never loaded again, never
-    # the newest, and it does not count among the kept ones (service/checkpoints).
+    # the newest, and it does not count among the kept ones (service/recovery/checkpoints.py).
     CORRUPT = "CORRUPT"
 
 

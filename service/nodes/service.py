@@ -1,4 +1,4 @@
-"""Keep the nodes table in step with Slurm and the health agents; admin drain and resume."""
+"""Keep the nodes table in step with Slurm and the health agents; admin resume."""
 
 from __future__ import annotations
 
@@ -9,18 +9,14 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings, get_settings
 from service.errors import Conflict, NotFound
-from service.models import Incident, Node, NodeEvent, NodeState, RecoveryAction
+from service.models import Node, NodeEvent, NodeState
 from service.models.base import utcnow
 from service.nodes import repository
 from service.nodes.lifecycle import (
-    ADMIN_DRAIN_EVENT,
     drained_by_runyard,
     node_event,
     set_node_state,
 )
-from service.nodes.schemas import EventBatch, EventBatchAck
-from service.recovery.classification import Classifier
-from service.recovery.signals import SignalIn, ingest_node_events, open_incident
 from service.slurm.commands import SlurmNode
 
 
@@ -96,19 +92,6 @@ def touch_heartbeats(
     return {name: name in found for name in names}
 
 
-def ingest_events(
-    session: Session, name: str, batch: EventBatch, settings: Settings, classifier: Classifier
-) -> EventBatchAck:
-    if not touch_heartbeat(session, name, settings):  # an agent that reports is alive
-        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
-    events = [
-        SignalIn(e.idempotency_key, e.kind, e.code, e.message, e.observed_at, dict(e.data))
-        for e in batch.events
-    ]
-    accepted = ingest_node_events(session, name, events, settings, classifier)
-    return EventBatchAck(accepted=accepted, duplicates=len(batch.events) - accepted)
-
-
 def recent_events(session: Session, name: str, limit: int = 100) -> list[NodeEvent]:
     stmt = (
         select(NodeEvent)
@@ -117,28 +100,6 @@ def recent_events(session: Session, name: str, limit: int = 100) -> list[NodeEve
         .limit(limit)
     )
     return list(session.scalars(stmt).all())
-
-
-def request_drain(session: Session, name: str, reason: str) -> Incident | None:
-    """An admin drain is an incident like any other: its runs move to spares too.
-
-    It is also a node event, recorded even where the node is out already or another
-    drain's incident is still open (open_incident then opens none): that event holds the
-    node out until `runyard node resume`, where a drain for lost heartbeats alone would
-    return by itself (service/recovery/heartbeat_return.py).
-    """
-    node = require_node(session, name, for_update=True)
-    node_event(session, node, ADMIN_DRAIN_EVENT, f"drained by an admin: {reason}")
-    if node.state in (NodeState.DRAINING, NodeState.DRAINED, NodeState.IN_REPAIR):
-        return None  # out already, and now held out
-    return open_incident(
-        session,
-        kind="admin",
-        signal="admin:drain",
-        action=RecoveryAction.DRAIN_AND_MOVE,
-        node=name,
-        message=f"{name}: drained by an admin: {reason}",
-    )
 
 
 def check_resumable(node: Node, slurm_reason: str, force: bool) -> None:

@@ -12,13 +12,11 @@ import time
 
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.config import get_settings
-from service.db import session_scope
 from service.observability.logging import bind, ids_from_path, log_context
 from service.observability.metrics import API_LATENCY, REGISTRY, register_state_collector
-from service.observability.state import StateCollector
 
 log = logging.getLogger("runyard.access")
 
@@ -91,9 +89,10 @@ async def bind_request_ids(request: Request) -> None:
     bind(**ids_from_path(request.path_params))
 
 
-def install_observability(app: FastAPI) -> None:
-    """Add the request middleware and the /metrics endpoint to `app`."""
-    register_state_collector(StateCollector(session_scope, get_settings().goodput_low_after_s))
+def install_observability(app: FastAPI, state: Collector) -> None:
+    """Add the request middleware and the /metrics endpoint to `app`; `state` is the
+    collector of the gauges read from Postgres at scrape time (service/admin/gauges.py)."""
+    register_state_collector(state)
     app.add_middleware(RequestObservability)
     # A router-wide dependency runs before every endpoint included after this call.
     app.router.dependencies.append(Depends(bind_request_ids))

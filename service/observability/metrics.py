@@ -6,8 +6,9 @@ metric twice):
   recovery phases, API requests). In-process counters: each service process exposes its own
   and Prometheus sums them; a restart resets them, which `rate()`/`increase()` handle.
 - State read from Postgres at scrape time (runs and nodes by state, the spare pool, heartbeat
-  lag, goodput and MFU of running runs) by `StateCollector` in `state.py`. Postgres is the
-  source of truth, so these are right in every process and after any restart.
+  lag, goodput and MFU of running runs) by `StateCollector` in service/admin/gauges.py,
+  which the app registers here. Postgres is the source of truth, so these are right in
+  every process and after any restart.
 
 Names follow the Prometheus conventions (prometheus.io/docs/practices/naming): a `runyard_`
 prefix, base units in the name (`_seconds`, `_ratio`), `_total` on counters, and labels for

@@ -3,7 +3,7 @@
 Each tick reads the cluster once (outside any transaction), then runs the steps in an order
 that matters: recover from failures before restarting anything, keep the spare pool full
 before placing runs, place before submitting. Before each step the leader asks Postgres
-whether its session still holds the lock (service/reconcile/leader.py), so a replica that lost
+whether its session still holds the lock (service/leader.py), so a replica that lost
 its database connection, and with it the lock, stops acting before another replica starts.
 """
 
@@ -17,13 +17,14 @@ from datetime import datetime
 
 from service.config import Settings
 from service.db import get_engine, session_scope
+from service.identity.gate import OwnerGate
+from service.leader import LeaderLock
 from service.models.base import utcnow
 from service.nodes.service import sync_from_slurm
 from service.nodes.topology import record_topology
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
-from service.reconcile.leader import LeaderLock
-from service.recovery import ended_jobs, fast_path, lighthouse
+from service.recovery import ended_jobs, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
 from service.recovery.health import check_nodes
@@ -45,7 +46,7 @@ class Reconciler:
 
     def __init__(self, settings: Settings, slurm: SlurmClient | None = None) -> None:
         self.settings = settings
-        self.slurm: SlurmClient = slurm or CliSlurmClient(settings)
+        self.slurm: SlurmClient = slurm or CliSlurmClient(settings, OwnerGate(settings))
         self.classifier = Classifier.from_file(settings.classification_file)
         # Since when this process has seen everything the workers and agents sent: its
         # start, and again each time it leads after losing the lock. Losing the lock means
@@ -89,7 +90,7 @@ class Reconciler:
             ("run reservations", lambda: preemption.sync_run_reservations(s, slurm)),
             ("lighthouses", lambda: lighthouse.maintain_lighthouses(settings)),
             ("submission", lambda: submission.submit_pending(settings, s, slurm)),
-            ("replica groups", lambda: fast_path.submit_group_attempts(settings, s, slurm)),
+            ("replica groups", lambda: submission.submit_group_attempts(settings, s, slurm)),
             ("ended attempts' jobs", lambda: ended_jobs.cancel_jobs_of_ended_attempts(slurm)),
             ("sweeps", lambda: sweeps.submit_sweeps(settings, slurm)),
             ("cancellation", lambda: cancellation.stop_cancelling(settings, slurm)),

@@ -29,8 +29,8 @@ from service.nodes.topology import (
 )
 from service.runs import repository
 from service.runs.lifecycle import record_event
+from service.runs.planning import plan_layout, stored_plan
 from service.runs.schemas import RunSpec
-from service.runs.service import plan_layout, stored_plan
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.placement import choose_nodes, placed_groups, placement_cost
 from service.slurm.reservations import delete_reservation, run_of_reservation, run_reservation

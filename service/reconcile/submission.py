@@ -11,6 +11,7 @@ the outcome in another, re-reading rows under lock because they may have moved m
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -22,18 +23,18 @@ from contract import StopReason
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
-from service.identity.owner import OwnerAccessError, OwnerFailure
 from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
 from service.models.base import utcnow
-from service.recovery import timeline
+from service.recovery import fast_path, sdc, timeline
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
-from service.runs import repository, sdc
+from service.runs import repository
+from service.runs.folders import attempt_folder, checkpoint_folder, owner_roots
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import attempt_folder, checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
+from service.slurm.owner import OwnerAccessError, OwnerFailure
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot
 from service.slurm.submit import AttemptRequest, job_name
@@ -164,6 +165,80 @@ def submit_attempts(
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 
+def submit_group_attempts(
+    settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient
+) -> None:
+    """Every group of a placed replica-group run has a live attempt, and every SUBMITTING
+    one is sbatched once (a job found by its unique name after a crash is adopted)."""
+    todo: list[AttemptRequest] = []
+    with session_scope() as session:
+        # Only runs with a lighthouse: loading every queued run here cost 4 s a tick with
+        # 10,000 queued (bench/reconciler_scale.py).
+        runs = session.scalars(
+            select(Run)
+            .where(
+                Run.state.in_([RunState.PENDING, RunState.RUNNING]),
+                Run.lighthouse_addr.is_not(None),
+            )
+            .options(selectinload(Run.attempts))
+            .order_by(Run.id)
+        ).all()
+        for run in runs:
+            if replica_groups(run) < 2 or not run.lighthouse_addr:
+                continue  # not a replica-group run, or its lighthouse is not up yet
+            live = fast_path.live_group_attempts(run)
+            if run.state == RunState.PENDING and not live:
+                if len(run.nodes) < run.num_nodes:
+                    continue  # placement first
+                for group in range(replica_groups(run)):
+                    live[group] = fast_path.new_group_attempt(
+                        session, run, settings, group, from_disk=True
+                    )
+            elif live:
+                # A group without an attempt while others train (it waited for a spare, or
+                # a restart in place ended only its job): it comes back healing from them.
+                finished = {
+                    a.replica_group for a in run.attempts if a.state == AttemptState.SUCCEEDED
+                }
+                for group in sorted(set(range(replica_groups(run))) - set(live) - finished):
+                    if fast_path.spares_granted(session, run, group) and fast_path.group_ready(
+                        session, run, group
+                    ):
+                        live[group] = fast_path.new_group_attempt(
+                            session, run, settings, group, from_disk=False
+                        )
+            for attempt in live.values():
+                if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
+                    request = attempt_request(run, attempt, settings)
+                    todo.append(
+                        dataclasses.replace(
+                            request,
+                            num_nodes=len(attempt.nodes),
+                            nodelist=",".join(attempt.nodes),
+                            nice=NICE_BY_PRIORITY.get(run.priority, 0),
+                            # A group's job runs on its own nodes of the run's reservation,
+                            # so it names them (no --segment, which would drop the list).
+                            segment=None,
+                        )
+                    )
+    submit_attempts(
+        slurm,
+        snapshot,
+        todo,
+        settings.slurm_job_prefix,
+        on_refused=lambda req, why: log.warning(
+            "group attempt %s: sbatch failed, retrying: %s", req.attempt_id, why
+        ),
+        reservation_nodes=_run_nodes,  # the run's reservation spans every group's nodes
+    )
+
+
+def _run_nodes(req: AttemptRequest) -> list[str]:
+    with session_scope() as session:
+        owner = repository.get_run(session, req.run_id)
+        return list(owner.nodes) if owner else req.nodelist.split(",")
+
+
 def owners_own(slurm: SlurmClient, named: dict[str, str], owners: dict[str, str]) -> dict[str, str]:
     """The jobs found by name that run as the attempt's owner. Names and ids are no secret
     (squeue shows them to everyone), so another user could queue a job named like the next
@@ -245,7 +320,7 @@ def mint_worker_token(run_id: int, attempt_id: int) -> str:
 def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
     """The run's next attempt, SUBMITTING on the run's nodes, resuming from its newest
     committed checkpoint; its job name is unique, so a crash mid-submit can find it."""
-    number = len(run.attempts) + 1
+    number = repository.next_attempt_number(run)
     newest = repository.newest_committed_checkpoint(session, run.id)
     sdc.forget_clean_steps_after(run, newest.step if newest else 0)
     attempt = Attempt(

@@ -28,9 +28,9 @@ from service.reconcile.submission import (
 from service.recovery import timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
+from service.runs.folders import checkpoint_folder, owner_roots
 from service.runs.lifecycle import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import checkpoint_folder, owner_roots
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
 from service.slurm.snapshot import ClusterSnapshot

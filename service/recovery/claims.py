@@ -25,7 +25,7 @@ from service.models import Incident, IncidentState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
 
-SDC_SIGNAL = "sdc:mismatch"  # a replica's parameters differed (runs/sdc.py)
+SDC_SIGNAL = "sdc:mismatch"  # a replica's parameters differed (recovery/sdc.py)
 SLOW_SIGNAL = "node:slow"  # a node persistently slower than its peers (recovery/slow_nodes.py)
 CAPPED_SIGNAL = "report:drain_cap"  # a claimed drain past the cap: for the on-call
 REPORT_SIGNALS = (SDC_SIGNAL, SLOW_SIGNAL)

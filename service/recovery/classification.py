@@ -81,7 +81,7 @@ DEFAULT_RULES: dict[str, Rule] = {
     "hang:no_progress": Rule(A.RESTART, "the step counter stopped moving"),
     # Issue 15: a node persistently slower than its peers, under the `move` policy
     # (service/recovery/slow_nodes.py), and data-parallel replicas whose parameters
-    # differ (service/runs/sdc.py): Llama 3 counts silent data corruption as 1.4% of its
+    # differ (service/recovery/sdc.py): Llama 3 counts silent data corruption as 1.4% of its
     # interruptions, a hardware fault like a dead GPU.
     "node:slow": Rule(A.DRAIN_AND_MOVE, "persistently slower than its peers (policy move)"),
     "sdc:mismatch": Rule(A.DRAIN_AND_MOVE, "silent data corruption: replicas' parameters differ"),

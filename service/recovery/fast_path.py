@@ -9,7 +9,8 @@ which asks `paths.choose_recovery_path`:
 - FAST: only the failed group's attempt ends; a spare takes its node in the run's node
   list; a replacement attempt for that group (no resume step: it heals from a live peer)
   is recorded SUBMITTING in the same transaction. The run stays RUNNING; the other groups
-  never stop. `submit_group_attempts` then sbatches it (adopting by job name after a crash).
+  never stop. The reconciler then sbatches it (reconcile/submission.py
+  `submit_group_attempts`, adopting by job name after a crash).
 - CLASSIC: every group's attempt ends and the run goes back to PENDING; the next attempts
   (one per group) resume from the newest committed checkpoint on disk.
 Every decision is committed before the Slurm call it leads to, and every step reads what is
@@ -20,38 +21,36 @@ says, whichever path ended them.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from contract import StopReason
 from planner import reliability
 from service.config import Settings
-from service.db import session_scope
 from service.models import (
     Attempt,
     AttemptState,
     CheckpointState,
+    ClassicBecause,
     Incident,
     IncidentState,
     NodeState,
+    RecoveryPath,
     Run,
     RunState,
 )
 from service.nodes import repository as nodes_repo
 from service.nodes.lifecycle import node_event, set_node_state
-from service.recovery import spares
-from service.recovery.paths import ClassicBecause, RecoveryPath, choose_recovery_path
+from service.recovery import sdc, spares
+from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
-from service.runs import repository, rollback, sdc
+from service.runs import repository, rollback
+from service.runs.folders import attempt_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
-from service.runs.service import attempt_folder
-from service.slurm.client import SlurmClient
 from service.slurm.placement import choose_replacement
-from service.slurm.snapshot import ClusterSnapshot
-from service.slurm.submit import AttemptRequest, job_name
+from service.slurm.submit import job_name
 
 log = logging.getLogger(__name__)
 LIVE = (AttemptState.SUBMITTING, AttemptState.PENDING, AttemptState.RUNNING)
@@ -128,7 +127,7 @@ def new_group_attempt(
     newest = repository.newest_committed_checkpoint(session, run.id) if from_disk else None
     if from_disk:  # every group restarts there: a new timeline (a replacement heals instead)
         sdc.forget_clean_steps_after(run, newest.step if newest else 0)
-    number = max((a.number for a in run.attempts), default=0) + 1
+    number = repository.next_attempt_number(run)
     attempt = Attempt(
         run_id=run.id,
         number=number,
@@ -161,79 +160,7 @@ def new_group_attempt(
     return attempt
 
 
-def submit_group_attempts(
-    settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient
-) -> None:
-    """Every group of a placed replica-group run has a live attempt, and every SUBMITTING
-    one is sbatched once (a job found by its unique name after a crash is adopted)."""
-    from service.reconcile.submission import NICE_BY_PRIORITY, attempt_request, submit_attempts
-
-    todo: list[AttemptRequest] = []
-    with session_scope() as session:
-        # Only runs with a lighthouse: loading every queued run here cost 4 s a tick with
-        # 10,000 queued (bench/reconciler_scale.py).
-        runs = session.scalars(
-            select(Run)
-            .where(
-                Run.state.in_([RunState.PENDING, RunState.RUNNING]),
-                Run.lighthouse_addr.is_not(None),
-            )
-            .options(selectinload(Run.attempts))
-            .order_by(Run.id)
-        ).all()
-        for run in runs:
-            if replica_groups(run) < 2 or not run.lighthouse_addr:
-                continue  # not a replica-group run, or its lighthouse is not up yet
-            live = live_group_attempts(run)
-            if run.state == RunState.PENDING and not live:
-                if len(run.nodes) < run.num_nodes:
-                    continue  # placement first
-                for group in range(replica_groups(run)):
-                    live[group] = new_group_attempt(session, run, settings, group, from_disk=True)
-            elif live:
-                # A group without an attempt while others train (it waited for a spare, or
-                # a restart in place ended only its job): it comes back healing from them.
-                finished = {
-                    a.replica_group for a in run.attempts if a.state == AttemptState.SUCCEEDED
-                }
-                for group in sorted(set(range(replica_groups(run))) - set(live) - finished):
-                    if spares_granted(session, run, group) and _group_ready(session, run, group):
-                        live[group] = new_group_attempt(
-                            session, run, settings, group, from_disk=False
-                        )
-            for attempt in live.values():
-                if attempt.state == AttemptState.SUBMITTING and attempt.slurm_job_id is None:
-                    request = attempt_request(run, attempt, settings)
-                    todo.append(
-                        dataclasses.replace(
-                            request,
-                            num_nodes=len(attempt.nodes),
-                            nodelist=",".join(attempt.nodes),
-                            nice=NICE_BY_PRIORITY.get(run.priority, 0),
-                            # A group's job runs on its own nodes of the run's reservation,
-                            # so it names them (no --segment, which would drop the list).
-                            segment=None,
-                        )
-                    )
-    submit_attempts(
-        slurm,
-        snapshot,
-        todo,
-        settings.slurm_job_prefix,
-        on_refused=lambda req, why: log.warning(
-            "group attempt %s: sbatch failed, retrying: %s", req.attempt_id, why
-        ),
-        reservation_nodes=_run_nodes,  # the run's reservation spans every group's nodes
-    )
-
-
-def _run_nodes(req: AttemptRequest) -> list[str]:
-    with session_scope() as session:
-        owner = repository.get_run(session, req.run_id)
-        return list(owner.nodes) if owner else req.nodelist.split(",")
-
-
-def _group_ready(session: Session, run: Run, group: int) -> bool:
+def group_ready(session: Session, run: Run, group: int) -> bool:
     """Whether a group's nodes can take its job; a failed one is swapped for a spare now
     if the pool has one (the run waited for it)."""
     nodes = group_nodes(run, group)
@@ -339,11 +266,11 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
             data={"incident": incident.id, "failed": bad, "spare": spare, "group": failed},
         )
         # The group's other lost nodes (a leaf switch) take theirs in the same pass.
-        if spare is not None and _group_ready(session, run, failed):
+        if spare is not None and group_ready(session, run, failed):
             from service.config import get_settings
 
             new_group_attempt(session, run, get_settings(), failed, from_disk=False)
-        else:  # the others train on; submit_group_attempts swaps in a spare when one frees
+        else:  # the others train on; reconcile/submission.py swaps in a spare when one frees
             incident.state = IncidentState.WAITING
         return jobs
     # The classic path: every group stops and the run restarts from disk. The restart is

@@ -13,11 +13,11 @@ from sqlalchemy import select
 from contract import MAX_REPORT_BACKOFF_S, REPORT_REQUEST_TIMEOUT_S
 from service.config import Settings
 from service.db import session_scope
-from service.identity.owner import RunOwner
 from service.models import Attempt, AttemptState, Metric, RecoveryAction, Run, RunState
 from service.models.base import utcnow
 from service.recovery.signals import open_incident
 from service.slurm.client import SlurmClient, SlurmError
+from service.slurm.owner import RunOwner
 
 STACKS_TIMEOUT_S = 20
 

@@ -11,7 +11,7 @@ Node.state_reason or Slurm's drain reason: both are free text that the next tran
 drain overwrites. Nor from the incidents alone: open_incident opens none for a node whose
 drain is still in progress, so an Xid during a heartbeat drain leaves no incident of its
 own. But every report of the node's agent is a node event with the action its
-classification gave it, and every admin drain leaves one (nodes/service.request_drain).
+classification gave it, and every admin drain leaves one (admin/service.py request_drain).
 """
 
 from __future__ import annotations

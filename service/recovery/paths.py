@@ -8,45 +8,15 @@ stepping. Everything else takes the classic path: stop the run, a fresh sbatch, 
 restore from the last committed disk checkpoint.
 
 Pure: plain values in, a decision out, so the reconciler, the planner's goodput model and
-the failure simulation (issue 14) all ask the same question the same way.
+the failure simulation (issue 14) all ask the same question the same way. The two answers'
+types live with the incident that stores them (service/models/incident.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from enum import StrEnum
 
-
-class RecoveryPath(StrEnum):
-    """How the service recovers a run from a failure."""
-
-    # Only the failed replica group's job is resubmitted; the others keep stepping.
-    FAST = "fast"
-    # The whole run stops and restarts from its last committed disk checkpoint.
-    CLASSIC = "classic"
-
-
-class ClassicBecause(StrEnum):
-    """Why the fast path cannot handle a failure (stored on the incident)."""
-
-    # The run has a single replica group: there is no peer to keep stepping or to heal from.
-    NO_REPLICAS = "no_replicas"
-    # Every replica group lost a node at once: no live copy of the state is left to heal
-    # from, so the state must come from disk.
-    ALL_COPIES_LOST = "all_copies_lost"
-    # Some groups survive, but fewer than the run requires to keep stepping (the quorum's
-    # minimum size, torchft's min_replica_size).
-    TOO_FEW_HEALTHY_GROUPS = "too_few_healthy_groups"
-    # The failure is not confined to replica groups: the lighthouse that holds the quorum
-    # is gone, so no group can step until it is restarted with the run.
-    LIGHTHOUSE_LOST = "lighthouse_lost"
-    # The service found a fast recovery it had started but cannot finish it: the surviving
-    # groups stopped while it was down (no live peer any more). A fast recovery whose
-    # survivors still step is resumed, not demoted: see service/recovery/fast_path.py.
-    SURVIVORS_STOPPED_DURING_SERVICE_RESTART = "survivors_stopped_during_service_restart"
-    # The groups' copies disagreed (silent data corruption: every group compares with the
-    # others and all stop): no copy is trusted to heal from, the run rolls back from disk.
-    ROLLBACK = "rollback"
+from service.models import ClassicBecause, RecoveryPath
 
 
 def choose_recovery_path(

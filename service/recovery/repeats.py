@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from service.models import Attempt
 from service.runs import repository
 
-# The worker's kinds that carry a signature (service/workers/schemas.py ErrorReport).
+# The worker's kinds that carry a signature (service/worker_protocol/schemas.py ErrorReport).
 EXCEPTION = "worker:exception"
 CHECKPOINT_LOAD = "worker:checkpoint_load"
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from contract import StopReason
-from service.checkpoints import service as checkpoints
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
-from service.recovery import repeats
-from service.runs import repository, rollback, sdc
+from service.recovery import checkpoints, repeats, sdc
+from service.runs import repository, rollback
 from service.runs.lifecycle import set_attempt_state, set_run_state
 
 # Causes that may turn out to be a corrupt checkpoint or a repeat of the last failure.
@@ -53,7 +52,7 @@ def end_attempt_and_restart(
         # A replica group's too: its ranks compare across groups and every group stops.
         corruption = sdc.report_of(session, attempt)
         if corruption is not None:
-            # The replicas disagreed (service/runs/sdc.py): however the attempt ended (its
+            # The replicas disagreed (service/recovery/sdc.py): however the attempt ended (its
             # ranks exited, or the drain of the odd node stopped it), roll back past it.
             cause, reason = sdc.decide(session, run, attempt, corruption, reason)
         elif cause in _SOFTWARE:

@@ -13,11 +13,11 @@ from contract.entrypoint import CLIENT_PACKAGE
 from service.config import Settings
 from service.errors import InvalidSpec
 from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
 from service.identity.service import OwnerUnavailable
 from service.runs.schemas import RunSpec, ScriptPythonOut
 from service.slurm.commands import SlurmError
-from service.workers.protocol import NEWEST_PROTOCOL, OLDEST_PROTOCOL
+from service.slurm.owner import RunOwner
+from service.worker_protocol.handshake import NEWEST_PROTOCOL, OLDEST_PROTOCOL
 
 FIELD = "environment.python"
 
@@ -39,7 +39,7 @@ def script_python(
     if found.problem is not None:
         raise InvalidSpec(f"{FIELD}: {python} {found.problem}")
     protocol = found.client_protocol
-    # The range the service answers workers in (service/workers/protocol.py): a client
+    # The range the service answers workers in (service/worker_protocol/handshake.py): a client
     # outside it would be refused at its first report, on every rank.
     if protocol is None or not OLDEST_PROTOCOL <= protocol <= NEWEST_PROTOCOL:
         spoken = f"{OLDEST_PROTOCOL}..{NEWEST_PROTOCOL}"

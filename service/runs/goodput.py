@@ -13,70 +13,13 @@ rows: a long run has millions of those, and `run watch` asks for goodput every 2
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from contract import StopReason
 from service.models import Attempt, AttemptState, Checkpoint, Run
 from service.models.base import utcnow
-
-
-class LostTime(BaseModel):
-    recomputed_steps_s: float = Field(
-        description="Steps trained after the last commit of a "
-        "failed attempt, trained again by the next one."
-    )
-    detection_s: float = Field(description="From the failed attempt's last step to its end.")
-    drain_and_resubmit_s: float = Field(description="From an attempt's end to the next start.")
-    preempted_s: float = Field(
-        default=0.0, description="From yielding to a higher-priority run to starting again."
-    )
-    segment_boundaries_s: float = Field(
-        default=0.0, description="Between time-limited segments: stop, requeue, start."
-    )
-    startup_and_load_s: float = Field(
-        description="From an attempt's start to its first step "
-        "(process start, rendezvous, checkpoint load)."
-    )
-    checkpoint_stalls_s: float = Field(
-        description="What checkpoint saves cost training: the time they blocked it plus how "
-        "much slower the steps beside each asynchronous save ran (worker/checkpoint_cost.py)."
-    )
-    rolled_back_s: float = Field(
-        default=0.0,
-        description="Steps trained after the checkpoint a rollback past a loss spike or "
-        "non-finite value resumed from (service/runs/rollback.py): thrown away, not "
-        "recomputed (their data is skipped).",
-    )
-    degraded_s: float = Field(
-        default=0.0,
-        description="Replica groups: time the run trained with fewer groups while a failed "
-        "one was replaced (its share of the GPUs idle), in whole-run seconds.",
-    )
-
-
-class Goodput(BaseModel):
-    allocated_s: float
-    allocated_gpu_hours: float
-    productive_s: float
-    goodput: float | None = Field(description="productive / allocated (None before the start).")
-    lost: LostTime
-    queued_s: float = Field(description="Waiting in the Slurm queue before the first start.")
-
-
-def checkpoint_stall_s(checkpoint: Checkpoint) -> float:
-    """What one save cost training, as its worker measured it: blocking time plus the excess
-    of the steps that ran beside it. A save reported by a worker from before that
-    measurement has only its write time, which is counted whole, as it used to be."""
-    if checkpoint.stall_s is not None:
-        return checkpoint.stall_s
-    return checkpoint.write_s or 0.0
-
-
-def _s(start: datetime | None, end: datetime | None) -> float:
-    return max((end - start).total_seconds(), 0.0) if start and end else 0.0
+from service.runs.goodput_figures import Goodput, LostTime, checkpoint_stall_s, seconds_between
+from service.runs.replica_goodput import replica_goodput
 
 
 def compute_goodput(
@@ -84,14 +27,12 @@ def compute_goodput(
 ) -> Goodput:
     """Goodput of `run` from its attempts (in order) and its checkpoints alone."""
     if any(a.replica_group is not None for a in attempts):  # groups run side by side
-        from service.runs.replica_goodput import replica_goodput
-
         return replica_goodput(run, attempts, checkpoints)
     now = utcnow()
     started = [a for a in attempts if a.started_at is not None]
     gpus = run.num_nodes * run.gpus_per_node
     first = attempts[0] if attempts else None
-    queued = _s(first.submitted_at, first.started_at or now) if first else 0.0
+    queued = seconds_between(first.submitted_at, first.started_at or now) if first else 0.0
     if not started:
         zero = LostTime(
             recomputed_steps_s=0,
@@ -108,18 +49,18 @@ def compute_goodput(
             lost=zero,
             queued_s=queued,
         )
-    allocated = _s(started[0].started_at, run.ended_at or now)
+    allocated = seconds_between(started[0].started_at, run.ended_at or now)
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     recomputed = detection = resubmit = startup = preempted = segments = rolled_back = 0.0
     for i, attempt in enumerate(started):
         reported = attempt.last_progress_at is not None
-        startup += _s(
+        startup += seconds_between(
             attempt.started_at,
             attempt.first_step_at or (attempt.ended_at if not reported else None),
         )
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
-            gap = _s(attempt.ended_at, following.started_at)
+            gap = seconds_between(attempt.ended_at, following.started_at)
             if attempt.state != AttemptState.STOPPED:
                 resubmit += gap
             elif attempt.stop_reason == StopReason.PREEMPTED:
@@ -141,12 +82,12 @@ def compute_goodput(
             last_seen = attempt.last_progress_at
             if lost_from is not None:
                 progress_end = max(last_seen or lost_from, lost_from)
-                trained = _s(lost_from, min(progress_end, attempt.ended_at))
+                trained = seconds_between(lost_from, min(progress_end, attempt.ended_at))
                 if attempt.stop_reason in (StopReason.ROLLED_BACK, StopReason.SDC):
                     rolled_back += trained
                 else:
                     recomputed += trained
-                detection += _s(progress_end, attempt.ended_at)
+                detection += seconds_between(progress_end, attempt.ended_at)
     stalls = sum(map(checkpoint_stall_s, checkpoints))
     lost = LostTime(
         recomputed_steps_s=recomputed,

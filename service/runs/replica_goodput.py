@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from service.models import Attempt, AttemptState, Checkpoint, Run
 from service.models.base import utcnow
-from service.runs.goodput import Goodput, LostTime, _s, checkpoint_stall_s
+from service.runs.goodput_figures import Goodput, LostTime, checkpoint_stall_s, seconds_between
 
 
 def replica_goodput(
@@ -31,8 +31,8 @@ def replica_goodput(
     groups = max(1, len(by_group))
     starts = [a.started_at for seq in by_group.values() for a in seq if a.started_at]
     first = min(attempts, key=lambda a: a.number) if attempts else None
-    queued = _s(first.submitted_at, min(starts) if starts else now) if first else 0.0
-    allocated = _s(min(starts), run.ended_at or now) if starts else 0.0
+    queued = seconds_between(first.submitted_at, min(starts) if starts else now) if first else 0.0
+    allocated = seconds_between(min(starts), run.ended_at or now) if starts else 0.0
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     startup = degraded = resubmit = recomputed = detection = 0.0
     for seq in by_group.values():
@@ -40,23 +40,25 @@ def replica_goodput(
             following = seq[i + 1] if i + 1 < len(seq) else None
             heals = following is not None and following.resume_step is None
             if heals and following is not None:
-                degraded += _s(
+                degraded += seconds_between(
                     attempt.last_progress_at or attempt.ended_at,
                     following.first_step_at or following.ended_at or now,
                 )
                 continue
             healed = i > 0 and attempt.resume_step is None  # its start-up is in degraded
             if not healed:
-                startup += _s(attempt.started_at, attempt.first_step_at or attempt.ended_at)
+                startup += seconds_between(
+                    attempt.started_at, attempt.first_step_at or attempt.ended_at
+                )
             if following is None:
                 continue
-            resubmit += _s(attempt.ended_at, following.started_at)
+            resubmit += seconds_between(attempt.ended_at, following.started_at)
             if attempt.state == AttemptState.FAILED and following.resume_step is not None:
                 commit = committed_at.get(following.resume_step)
                 seen = attempt.last_progress_at
                 if commit is not None and seen is not None:
-                    recomputed += _s(commit, min(seen, attempt.ended_at or seen))
-                    detection += _s(seen, attempt.ended_at)
+                    recomputed += seconds_between(commit, min(seen, attempt.ended_at or seen))
+                    detection += seconds_between(seen, attempt.ended_at)
     lost = LostTime(
         recomputed_steps_s=recomputed / groups,
         detection_s=detection / groups,

@@ -89,6 +89,13 @@ def get_attempt(session: Session, attempt_id: int, *, for_update: bool = False) 
     return session.scalars(stmt).one_or_none()
 
 
+def next_attempt_number(run: Run) -> int:
+    """The number the run's next attempt takes, whichever path makes it (a submission, a
+    replica group's replacement): one past the highest so far. Attempts are never deleted,
+    so it is also one past their count."""
+    return max((a.number for a in run.attempts), default=0) + 1
+
+
 def live_attempt(run: Run) -> Attempt | None:
     live = [a for a in run.attempts if a.state in LIVE_ATTEMPT_STATES]
     return live[-1] if live else None

@@ -21,8 +21,8 @@ from contract.entrypoint import ProgressPattern, ScriptEnvironment, ScriptResume
 from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
 from service.models import AttemptState, CheckpointState, RunState
-from service.runs.goodput import Goodput
-from service.tracking.spec import TrackingSpec
+from service.runs.goodput_figures import Goodput
+from service.runs.tracking_spec import TrackingSpec
 
 
 class _Spec(BaseModel):

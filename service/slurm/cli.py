@@ -10,24 +10,42 @@ from __future__ import annotations
 import getpass
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from service.config import Settings
-from service.identity.gate import OwnerGate
-from service.identity.owner import RunOwner
 from service.slurm import commands, queries
 from service.slurm.commands import JobStatus, SlurmNode
+from service.slurm.owner import RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology
+
+
+class ActsAsOwner(Protocol):
+    """What Slurm lets only a job's owner do, done as them: service/identity/gate.py's
+    OwnerGate, handed in by whoever builds the client (the seam never imports identity,
+    which decides who an owner is and builds on the seam's submit requests)."""
+
+    def submit(self, req: AttemptRequest, worker_token: str) -> str: ...
+
+    def submit_array(self, req: ArrayRequest, worker_tokens: Sequence[str]) -> str: ...
+
+    def finish_submission(
+        self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
+    ) -> None: ...
+
+    def srun_in_job(
+        self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float
+    ) -> str: ...
 
 
 class CliSlurmClient:
     """SlurmClient over squeue, scontrol, scancel, srun and sbatch (through submitit). What
     Slurm lets an operator do (drain, reservations, scancel, queries) the service does as
-    itself; a job's submission and steps inside a job, as the job's owner (OwnerGate)."""
+    itself; a job's submission and steps inside a job, as the job's owner (`owner_gate`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, owner_gate: ActsAsOwner) -> None:
         self.settings = settings
-        self.owner_gate = OwnerGate(settings)
+        self.owner_gate = owner_gate
         # Reservations are made for the service's own user, and a run's for its owner too.
         self.user = getpass.getuser()
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from service.identity.owner import RunOwner
 from service.slurm.commands import JobStatus, SlurmError, SlurmNode, SlurmUnreachable
+from service.slurm.owner import RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology
 

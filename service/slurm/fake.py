@@ -26,7 +26,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.identity.owner import RunOwner
 from service.slurm.commands import (
     DRAIN_PREFIX,
     RESERVATION_BUSY,
@@ -37,6 +36,7 @@ from service.slurm.commands import (
     slurm_error,
 )
 from service.slurm.hostlist import compress_hostlist
+from service.slurm.owner import RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest
 from service.slurm.topology import Topology, TopologyKind
 

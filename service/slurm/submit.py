@@ -19,8 +19,8 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
-from service.identity.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.commands import slurm_error
+from service.slurm.owner import OwnerAccessError, OwnerFailure, RunOwner
 
 log = logging.getLogger(__name__)
 # submitit pickles each task as <32 hex digits>.pkl, runs sbatch, and only then renames the

@@ -18,15 +18,15 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.db import get_engine, session_scope
+from service.leader import LeaderLock
 from service.models import ExportState, Run, TrackerExport, TrackerKind
-from service.reconcile.leader import LeaderLock
 from service.tracking.export import Exporter, due_exports
 from service.tracking.records import TrackerSink
 
 log = logging.getLogger(__name__)
 
 # "runyard exporter" + the kind's position: one advisory lock per tracker kind, apart
-# from the reconciler's (service/reconcile/leader.py).
+# from the reconciler's (service/leader.py).
 LOCK_KEY_BASE = 0x72756E7900
 LOCK_KEYS = {kind: LOCK_KEY_BASE + i for i, kind in enumerate(TrackerKind, start=1)}
 

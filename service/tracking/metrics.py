@@ -1,5 +1,5 @@
 """Scrape-time gauges of the integrations: tracker exports failing, notifications waiting.
-Read from Postgres at each scrape, like service/observability/state.py's gauges."""
+Read from Postgres at each scrape, like service/admin/gauges.py's gauges."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ step lower than its last), so a step is sent only once nothing can train it agai
 is at or below the newest COMMITTED checkpoint (every later attempt resumes from there or
 above; the worker delivers a checkpoint's steps before its commit, worker/reporter.py),
 and, where the run compares replicas for silent data corruption, at or below the last
-clean comparison (a mismatch distrusts the checkpoints after it, service/runs/sdc.py).
+clean comparison (a mismatch distrusts the checkpoints after it, service/recovery/sdc.py).
 Once the run has ended, every step is settled. A step trained by several attempts (the
 steps after a checkpoint that a failed attempt reached, trained again by the next) is sent
 as the newest attempt trained it: that is the timeline the weights descend from.
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from service.models import Attempt, Metric, Run, RunEvent
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.repository import checkpoints, newest_committed_checkpoint
+from service.runs.tracking_spec import TrackingSpec
 from service.tracking.records import (
     MAX_EVENTS_PER_BATCH,
     MAX_STEPS_PER_BATCH,
@@ -31,7 +32,6 @@ from service.tracking.records import (
     TrackedEvent,
     TrackedRun,
 )
-from service.tracking.spec import TrackingSpec
 
 # The timeline entries a tracker shows as events: recoveries, rollbacks, preemptions,
 # segment boundaries (an attempt stopping and the next one starting), and the end.

@@ -11,12 +11,11 @@ from service.auth.deps import WORKER_OF_ATTEMPT
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, ErrorBody
-from service.plans import live_interval
+from service.runs import live_interval
 from service.runs.schemas import CheckpointOut
 from service.runs.service import worker_config
-from service.workers import service
-from service.workers.protocol import SPOKEN, SPOKEN_PROTOCOL
-from service.workers.schemas import (
+from service.worker_protocol.handshake import SPOKEN, SPOKEN_PROTOCOL
+from service.worker_protocol.schemas import (
     CheckpointReport,
     ErrorReport,
     FinishReport,
@@ -24,6 +23,7 @@ from service.workers.schemas import (
     ProgressReport,
     ProtocolRange,
 )
+from service.workers import service
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
 # One attempt's endpoints: the protocol is checked first, so that a client this service does

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from service.checkpoints.service import mark_corrupt
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound
 from service.models import (
@@ -24,13 +23,13 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes import stragglers
-from service.plans import live_interval, outcomes
-from service.recovery import slow_nodes, timeline
-from service.runs import repository, sdc
+from service.recovery import sdc, slow_nodes, timeline
+from service.recovery.checkpoints import mark_corrupt
+from service.runs import live_interval, plan_outcomes, repository
+from service.runs.folders import checkpoint_folder
 from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
-from service.runs.service import checkpoint_folder
-from service.workers.schemas import (
+from service.worker_protocol.schemas import (
     CheckpointReport,
     ErrorReport,
     FinishReport,
@@ -123,9 +122,9 @@ def record_progress(
             attempt.first_step = min(m.step for m in fresh)
             attempt.first_step_at = now
             timeline.first_step(session, run.id, attempt.first_step)
-        # Predicted vs measured (plans/outcomes.py); with a fresh measurement, the run's
-        # checkpoint interval from the failures the cluster has (plans/live_interval.py).
-        if outcomes.refresh_measurements(session, run):
+        # Predicted vs measured (runs/plan_outcomes.py); with a fresh measurement, the run's
+        # checkpoint interval from the failures the cluster has (runs/live_interval.py).
+        if plan_outcomes.refresh_measurements(session, run):
             live_interval.rederive(session, run, settings or get_settings())
     return run, attempt
 
@@ -229,7 +228,7 @@ def record_finish(session: Session, attempt_id: int, report: FinishReport) -> Ru
         attempt,
         report.model_dump(),
     )
-    outcomes.refresh_measurements(session, run, force=True)  # with every step reported
+    plan_outcomes.refresh_measurements(session, run, force=True)  # with every step reported
     return run
 
 

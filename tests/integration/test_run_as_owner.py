@@ -24,9 +24,10 @@ from client.api import ApiError, RunyardClient
 from client.devcluster.faults import rank_pids
 from client.devcluster.identity import SERVICE_USER
 from service.config import Settings
-from service.identity.owner import OwnerAccessError, RunOwner
+from service.identity.gate import OwnerGate
 from service.reconcile.submission import check_submitted
 from service.slurm.cli import CliSlurmClient
+from service.slurm.owner import OwnerAccessError, RunOwner
 from service.slurm.submit import AttemptRequest
 from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
 from tests.integration.conftest import (
@@ -241,7 +242,8 @@ def test_an_answer_naming_bobs_job_is_refused_and_alices_scancel_leaves_it(
     monkeypatch.setenv("SLURM_CONF", conf)  # the service's Slurm commands read it
     bobs = sbatch_as("bob", "bobs-own", conf)
     try:
-        slurm_client = CliSlurmClient(Settings(accelerator="cpu", run_reconciler=False))
+        settings = Settings(accelerator="cpu", run_reconciler=False)
+        slurm_client = CliSlurmClient(settings, OwnerGate(settings))
         forged = mock.patch.object(slurm_client.owner_gate, "submit", return_value=bobs)
         with forged, pytest.raises(OwnerAccessError, match=f"job {bobs}, which runs as bob"):
             answer = slurm_client.submit(AttemptRequest(

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.config import get_settings
 from service.models import AttemptState, Run, RunState
-from service.runs.service import checkpoint_folder
+from service.runs.folders import checkpoint_folder
 from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 
 

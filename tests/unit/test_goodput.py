@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from service.models import Attempt, AttemptState, Metric, Run, RunState
 from service.models.base import utcnow
+from service.worker_protocol.schemas import CheckpointReport, ProgressReport, StepMetric
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ProgressReport, StepMetric
 from tests.conftest import REPO_ROOT
 from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 
@@ -167,7 +167,7 @@ def test_the_migration_backfills_old_runs_to_the_same_goodput(
 
 def test_a_held_out_loss_is_in_the_runs_timeline(db_session: Session) -> None:
     from service.models import RunEvent
-    from service.workers.schemas import HeldOutLoss
+    from service.worker_protocol.schemas import HeldOutLoss
 
     run = add_run(db_session)
     attempt = add_attempt(db_session, run, 1, AttemptState.RUNNING)

@@ -27,7 +27,7 @@ import json, sys
 from pathlib import Path
 from service.config import Settings
 from service.identity.gate import OwnerGate
-from service.identity.owner import OwnerAccessError, RunOwner
+from service.slurm.owner import OwnerAccessError, RunOwner
 owner, path = sys.argv[1], Path(sys.argv[2])
 gate = OwnerGate(Settings(accelerator="cpu", run_reconciler=False))
 try:
@@ -215,7 +215,7 @@ def test_fault_hooks_reach_jobs_only_from_a_dev_service(monkeypatch: pytest.Monk
 
     from service.config import Settings
     from service.identity import gate
-    from service.identity.owner import RunOwner
+    from service.slurm.owner import RunOwner
     from service.slurm.submit import AttemptRequest
 
     sent: list[dict[str, Any]] = []
@@ -248,8 +248,8 @@ def test_the_doctor_fails_a_site_service_with_fault_hooks_and_warns_of_a_dev_one
     from client.api import RunyardClient
     from client.doctor.identity import check_fault_hooks, check_identity
     from client.doctor.result import SiteSettings
+    from service.admin import users
     from service.config import Settings
-    from service.identity import endpoints
 
     client = RunyardClient("http://testserver")
     client._http = api  # the real app in-process
@@ -261,7 +261,7 @@ def test_the_doctor_fails_a_site_service_with_fault_hooks_and_warns_of_a_dev_one
         return {c.name: c for c in check_identity(settings, client)}["fault hooks"]
 
     clear_fault_hooks(monkeypatch)
-    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(environment="site"))
+    monkeypatch.setattr(users, "get_settings", lambda: Settings(environment="site"))
     assert fault_hooks_check().status == "ok"
     monkeypatch.setenv("RUNYARD_FAULT", "after_step:5")
     failed = fault_hooks_check()
@@ -269,7 +269,7 @@ def test_the_doctor_fails_a_site_service_with_fault_hooks_and_warns_of_a_dev_one
     assert "RUNYARD_FAULT set in the environment of a site service" in failed.detail
     assert "after_step" not in failed.detail  # names only, not what they do
     assert failed.fix.startswith("remove RUNYARD_FAULT from runyard.env")
-    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(environment="dev"))
+    monkeypatch.setattr(users, "get_settings", lambda: Settings(environment="dev"))
     warned = fault_hooks_check()
     assert warned.status == "warn" and "dev mode: RUNYARD_FAULT reach every job" in warned.detail
     monkeypatch.delenv("RUNYARD_FAULT")

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
 import service.db
+from service.admin.gauges import StateCollector
 from service.models import AttemptState, Incident, Metric, Node, NodeState, RunState
 from service.models.base import utcnow
 from service.observability.logging import JsonFormatter, log_context
 from service.observability.metrics import REGISTRY, observe_incident
-from service.observability.state import StateCollector
 from tests.fixtures.rows import add_attempt, add_run
 
 

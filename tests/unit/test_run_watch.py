@@ -11,8 +11,9 @@ from rich.console import Console
 from sqlalchemy.orm import Session
 
 from client.api import RunyardClient
+from client.live.feed import RunSnapshot
 from client.live.view import event_style, render
-from client.live.watch import RunSnapshot, watch_run
+from client.live.watch import watch_run
 from client.output import Exit
 from service.models import AttemptState, RunState
 from tests.fixtures.rows import add_attempt, add_run

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from service.identity.owner import RunOwner
 from service.slurm import commands
 from service.slurm.cli import CliSlurmClient
 from service.slurm.client import SlurmClient
 from service.slurm.commands import SlurmError
 from service.slurm.fake import CANCELLED_EXIT, FakeSlurm
+from service.slurm.owner import RunOwner
 from service.slurm.snapshot import ClusterSnapshot, take_snapshot
 from service.slurm.submit import ArrayRequest, AttemptRequest
 

@@ -43,7 +43,7 @@ def test_a_sweep_is_one_sbatch_array_with_its_limit_and_per_task_tokens(tmp_path
     from submitit.slurm.slurm import _make_sbatch_string
 
     from service.config import get_settings
-    from service.identity.owner import RunOwner
+    from service.slurm.owner import RunOwner
     from service.slurm.submit import ArrayRequest, SubmitSettings, sbatch_parameters
 
     req = ArrayRequest(

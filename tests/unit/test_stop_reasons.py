@@ -14,8 +14,8 @@ from service.reconcile.polling import Observed, apply_observation
 from service.reconcile.preemption import request_preemptions
 from service.runs.stop_requests import request_stop
 from service.slurm.commands import JobStatus
+from service.worker_protocol.schemas import ErrorReport, ProgressReport
 from service.workers.endpoints import report_progress
-from service.workers.schemas import ErrorReport, ProgressReport
 from service.workers.service import record_error
 from tests.fixtures.rows import add_attempt, add_run
 

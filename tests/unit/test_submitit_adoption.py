@@ -20,8 +20,9 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from submitit.helpers import CommandFunction
 
 from service.config import Settings
-from service.identity.owner import RunOwner
+from service.identity.gate import OwnerGate
 from service.slurm.cli import CliSlurmClient
+from service.slurm.owner import RunOwner
 from service.slurm.submit import SubmitSettings, finish_interrupted_submission, worker_command
 
 
@@ -124,5 +125,5 @@ def test_the_real_slurm_client_finishes_an_adopted_submission(tmp_path: Path) ->
     settings = Settings(state_dir=tmp_path, accelerator="cpu", run_reconciler=False)
     # As the owner: here the caller itself, so the owner's program runs without sudo.
     owner = RunOwner(unix_user=getpass.getuser(), slurm_account="ops")
-    CliSlurmClient(settings).finish_submission(owner, tmp_path, {21: "1800"})
+    CliSlurmClient(settings, OwnerGate(settings)).finish_submission(owner, tmp_path, {21: "1800"})
     assert os.path.samefile(submitted(tmp_path, "1800"), temporary)

@@ -45,7 +45,7 @@ def attempt_url(service_url: str, attempt_id: int) -> str:
 def error_body(
     rank: int, node: str, kind: str, message: str, step: int | None, **extra: Any
 ) -> dict[str, Any]:
-    """The body of POST .../errors (service/workers/schemas.py ErrorReport), with the
+    """The body of POST .../errors (service/worker_protocol/schemas.py ErrorReport), with the
     service's length limits applied."""
     body: dict[str, Any] = {
         "rank": rank,
@@ -175,7 +175,7 @@ class HttpReporter(Reporter):
         message: str,
         outvoted: bool = False,
     ) -> None:
-        # Read when the job ends (service/runs/sdc.py) and drains `nodes` at once.
+        # Read when the job ends (service/recovery/sdc.py) and drains `nodes` at once.
         self._drain(timeout_s=WRITING_RETRY_S)
         body = error_body(
             self.rank,

@@ -9,7 +9,7 @@ from __future__ import annotations
 # The worker protocol this client speaks: the paths, bodies and replies of /v1/worker/...
 # Bump it when a change would make an older service misread a request or an older client
 # misread a reply; the service answers the range it speaks at GET /v1/worker/protocol and
-# refuses a request whose PROTOCOL_HEADER is outside it (service/workers/protocol.py).
+# refuses a request whose PROTOCOL_HEADER is outside it (service/worker_protocol/handshake.py).
 PROTOCOL_VERSION = 1
 PROTOCOL_HEADER = "X-Runyard-Protocol"
 # A request without the header comes from a client older than the header: it spoke what

@@ -17,7 +17,7 @@ class Reporter:
 
     cancel_requested: bool = False  # the service asked this run to stop
     # Steps between checkpoints as the service re-derives them from the cluster's failures
-    # (service/plans/live_interval.py); None: keep the config's.
+    # (service/runs/live_interval.py); None: keep the config's.
     checkpoint_every: int | None = None
 
     def metric(

@@ -134,7 +134,7 @@ def test_pytorchs_ring_constant_is_the_405b_tables_fit_and_holds_on_the_8b_rows(
     8B rows it never saw within 25 %; fitted on the 8B rows, it scores the 405B rows (each
     relative to its cp 1 row) within 25 % too: leave one source out, both ways."""
     from bench.cp_ring_fit import SOURCE_A, TABLE_A, TABLE_B, leave_one_source_out, table_rows
-    from bench.planner_accuracy import load_cases, predict_tokens_per_gpu
+    from bench.planner_prediction import load_cases, predict_tokens_per_gpu
     from planner.attention import PYTORCH_RING_STEP_EXCESS
 
     source_a = table_rows(json.loads(SOURCE_A.read_text())["cases"], TABLE_A)

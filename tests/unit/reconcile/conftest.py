@@ -34,8 +34,13 @@ from service.runs.schemas import RunSpec
 from service.runs.service import create_run
 from service.slurm.fake import FakeSlurm
 from service.slurm.snapshot import take_snapshot
+from service.worker_protocol.schemas import (
+    CheckpointReport,
+    ErrorReport,
+    FinishReport,
+    ProgressReport,
+)
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 
 PREFIX = "runyard-unit"  # the Slurm job prefix; the fake cluster's nodes are unit001, ...

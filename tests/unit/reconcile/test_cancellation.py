@@ -12,8 +12,8 @@ from service.db import session_scope
 from service.models import AttemptState, RunState
 from service.models.base import utcnow
 from service.runs.service import cancel_run
+from service.worker_protocol.schemas import ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 
 

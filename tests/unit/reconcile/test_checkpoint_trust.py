@@ -12,8 +12,8 @@ from contract import StopReason
 from service.db import session_scope
 from service.models import CheckpointState, Incident, IncidentState, RunEvent, RunState
 from service.runs import repository
+from service.worker_protocol.schemas import CheckpointReport, ErrorReport, ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ErrorReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import Cluster
 

@@ -10,16 +10,28 @@ import pytest
 
 from contract import StopReason, WorkerRunConfig
 from service.db import session_scope
-from service.models import Attempt, AttemptState, IncidentState, Run, RunState
+from service.models import (
+    Attempt,
+    AttemptState,
+    ClassicBecause,
+    IncidentState,
+    RecoveryPath,
+    Run,
+    RunState,
+)
 from service.reconcile import polling
 from service.reconcile.loop import Reconciler
 from service.recovery import lighthouse, spares
 from service.recovery.incidents import process_incidents
-from service.recovery.paths import ClassicBecause, RecoveryPath
 from service.runs import repository
 from service.runs.service import run_goodput, worker_config
+from service.worker_protocol.schemas import (
+    CheckpointReport,
+    ErrorReport,
+    FinishReport,
+    ProgressReport,
+)
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport, ErrorReport, FinishReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import Cluster
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+from service.admin import service as admin
 from service.config import Settings
 from service.db import session_scope
 from service.models import Incident, IncidentState, NodeEvent, NodeState
@@ -140,7 +141,7 @@ def xid_while_drained(cluster: Cluster, node: str) -> None:
 
 def admin_drain(cluster: Cluster, node: str) -> None:
     with session_scope() as session:
-        nodes.request_drain(session, node, "flapping, RMA")
+        admin.request_drain(session, node, "flapping, RMA")
 
 
 def slurm_drain_by_someone_else(cluster: Cluster, node: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from service.config import Settings
-from service.reconcile.leader import LeaderLock
+from service.leader import LeaderLock
 from service.reconcile.loop import Reconciler, run_forever
 from tests.conftest import wait_for
 from tests.unit.reconcile.conftest import Cluster

@@ -18,13 +18,13 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import Incident, RunEvent
 from service.models.base import utcnow
-from service.plans import live_interval, outcomes
+from service.runs import live_interval, plan_outcomes
 from service.runs.schemas import RunSpec
 from service.runs.service import create_run
 from service.slurm.fake import FakeSlurm
+from service.worker_protocol.schemas import CheckpointReport, ProgressReport
 from service.workers import endpoints
 from service.workers import service as workers_service
-from service.workers.schemas import CheckpointReport, ProgressReport
 from tests.fixtures.rows import checkpoint_path
 from tests.unit.reconcile.conftest import OWNER, PREFIX, Cluster, link_owner
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id
@@ -36,7 +36,7 @@ STEP_S, STALL_S = 1.0, 10.0  # what the run's workers measure
 def cluster(db: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     """The reconciler tests' fake cluster with a one-hour failure window, measuring again
     at every report (no 15 s wait between measurements)."""
-    monkeypatch.setattr(outcomes, "REFRESH_S", 0.0)
+    monkeypatch.setattr(plan_outcomes, "REFRESH_S", 0.0)
     settings = Settings(state_dir=tmp_path, job_prefix=PREFIX, accelerator="cpu",
                         run_reconciler=False, live_checkpoint_window_h=1.0)  # fmt: skip
     slurm = FakeSlurm.cluster(num_switches=2, nodes_per_switch=3, num_gpus=1, prefix="unit")

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from contract import MAX_REPORT_BACKOFF_S
 from service.config import Settings
 from service.db import session_scope
+from service.leader import LeaderLock
 from service.models import Incident, Node, NodeState, Run
 from service.models.base import utcnow
-from service.reconcile.leader import LeaderLock
 from service.reconcile.loop import run_forever
 from tests.unit.reconcile.conftest import Cluster
 

@@ -14,10 +14,10 @@ from service.db import session_scope
 from service.models import PlanOutcome
 from service.plans.accuracy import accuracy_report
 from service.plans.history import cluster_calibration
-from service.plans.outcomes import WARMUP_STEPS
+from service.runs.plan_outcomes import WARMUP_STEPS
 from service.slurm.fake import FakeSlurm
+from service.worker_protocol.schemas import FinishReport, ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import FinishReport, ProgressReport
 from tests.unit.reconcile.conftest import PREFIX, Cluster
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id, running
 

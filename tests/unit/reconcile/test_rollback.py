@@ -14,8 +14,8 @@ from service.db import session_scope
 from service.models import RunState
 from service.runs import repository
 from service.runs.service import run_goodput, run_out, worker_config
+from service.worker_protocol.schemas import ErrorReport
 from service.workers import service as workers
-from service.workers.schemas import ErrorReport
 from tests.unit.reconcile.conftest import Cluster
 from tests.unit.reconcile.test_checkpoint_trust import (
     fail_job,

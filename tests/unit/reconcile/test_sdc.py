@@ -17,8 +17,8 @@ from service.db import session_scope
 from service.errors import InvalidSpec
 from service.models import CheckpointState, NodeState, RecoveryAction, RunState
 from service.runs.service import run_goodput, run_out
+from service.worker_protocol.schemas import ErrorReport, ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import ErrorReport, ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 from tests.unit.reconcile.test_checkpoint_trust import fail_job, live_attempt_id, running, states
 

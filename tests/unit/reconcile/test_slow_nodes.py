@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import select
 
 from contract import StopReason
+from service.admin.gauges import StateCollector
 from service.config import SlowNodePolicy
 from service.db import session_scope
 from service.models import AttemptState, NodeState, RunEvent, RunState
 from service.nodes.stragglers import judge_report
-from service.observability.state import StateCollector
+from service.worker_protocol.schemas import ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id, running
 

@@ -11,10 +11,10 @@ from sqlalchemy import select
 from contract import StopReason
 from service.auth.tokens import hash_token
 from service.db import session_scope
-from service.identity.owner import RunOwner
 from service.models import ApiToken, AttemptState, RunState
 from service.reconcile import placement, submission
 from service.runs import repository
+from service.slurm.owner import RunOwner
 from service.slurm.snapshot import take_snapshot
 from service.slurm.submit import AttemptRequest
 from tests.unit.reconcile.conftest import Cluster

@@ -8,8 +8,8 @@ from sqlalchemy import func, select
 
 from service.db import session_scope
 from service.models import Metric
+from service.worker_protocol.schemas import ProgressReport
 from service.workers import service as workers
-from service.workers.schemas import ProgressReport
 from tests.unit.reconcile.conftest import Cluster
 from tests.unit.reconcile.test_checkpoint_trust import live_attempt_id, running
 

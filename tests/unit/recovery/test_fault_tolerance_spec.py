@@ -7,8 +7,8 @@ from pydantic import ValidationError
 
 from planner.presets import MODEL_PRESETS
 from service.config import Settings
+from service.runs.planning import plan_layout
 from service.runs.schemas import RunSpec
-from service.runs.service import plan_layout
 
 BASE = {
     "name": "ft",

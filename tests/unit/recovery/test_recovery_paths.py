@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.recovery.paths import ClassicBecause, RecoveryPath, choose_recovery_path
+from service.models import ClassicBecause, RecoveryPath
+from service.recovery.paths import choose_recovery_path
 
 
 def test_one_failed_group_of_two_takes_the_fast_path() -> None:

@@ -26,8 +26,8 @@ from service.models import AttemptState
 from service.models.base import utcnow
 from service.runs import repository
 from service.runs.goodput import compute_goodput
+from service.worker_protocol.schemas import CheckpointReport
 from service.workers import service as workers
-from service.workers.schemas import CheckpointReport
 from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 from worker.distributed import read_launch_env
 from worker.reporter import FileReporter

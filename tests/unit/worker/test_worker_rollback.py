@@ -21,7 +21,7 @@ from worker_helpers import FakeService, tiny_spec
 from contract import WorkerRunConfig
 from contract.run_config import DataSkip, SpikeRule, data_step
 from service.runs.rollback import skip_for
-from service.workers.schemas import ErrorReport
+from service.worker_protocol.schemas import ErrorReport
 from worker.anomaly import SpikeDetector, TrainingAnomalyError
 from worker.checkpoint import latest_committed
 from worker.distributed import read_launch_env

@@ -1,4 +1,6 @@
-"""Gauges read from Postgres at scrape time: the platform's state as a dashboard shows it.
+"""Gauges read from Postgres at scrape time: the platform's state as on-call's dashboard
+shows it (runs and nodes by state, open incidents, the spare pool, goodput). The app hands
+the collector to service/observability/http.py, which serves it at GET /metrics.
 
 Read on every scrape (every 15-60 s) in one short read-only transaction, with queries that
 stay cheap however long runs train: counts grouped in SQL, and goodput from each attempt's

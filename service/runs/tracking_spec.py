@@ -7,7 +7,7 @@ tracking:
   tensorboard: true                     # event files under RUNYARD_TENSORBOARD_ROOT
 ```
 Where each tracker is comes from the site's settings; the spec only says which ones the run
-goes to and under what name.
+goes to and under what name. The exporters (service/tracking/) read it from the run.
 
 The service writes to MLflow and W&B with its own credentials, so a name is all that keeps
 one team's runs out of another's experiments: each team has a namespace (`<team>` and

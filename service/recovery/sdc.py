@@ -38,7 +38,7 @@ from service.models.base import utcnow
 from service.recovery import claims
 from service.runs import repository
 from service.runs.lifecycle import record_event
-from service.workers.schemas import ErrorReport
+from service.worker_protocol.schemas import ErrorReport
 
 REPORT = "worker:sdc"  # the kind the worker reports (worker/reporter.py)
 SIGNAL = claims.SDC_SIGNAL  # the incidents' signal, the Slurm drain reason, the alert's label

@@ -35,7 +35,7 @@ from planner.reliability import DEFAULT_FAILURES_PER_GPU_HOUR, checkpoint_interv
 from service.config import Settings
 from service.models import Checkpoint, CheckpointState, Incident, Node, PlanOutcome, RecoveryAction
 from service.models.base import utcnow
-from service.runs.goodput import checkpoint_stall_s
+from service.runs.goodput_figures import checkpoint_stall_s
 from service.runs.lifecycle import record_event
 from service.runs.schemas import RunSpec
 

@@ -76,7 +76,7 @@ class ProgressAck(BaseModel):
         default=None,
         ge=1,
         description="Steps between checkpoints from now on, as the service re-derives them "
-        "from the cluster's observed failures (service/plans/live_interval.py); None: keep "
+        "from the cluster's observed failures (service/runs/live_interval.py); None: keep "
         "the config's (the user pinned it).",
     )
 

@@ -6,7 +6,8 @@ REFRESH_S, and once more when its final step is reported): the steady-state step
 the median over every attempt's steps after its first WARMUP_STEPS (communicators being
 built, the allocator warming up, compilation), so that a checkpoint's slow step or a
 straggler's hiccup moves it little; checkpoint cost is the median save stall the workers
-measured; each recovery's phases come from its incident's timestamps.
+measured; each recovery's phases come from its incident's timestamps. The planner's
+calibration learns from these rows (service/plans/history.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.models import Attempt, Checkpoint, CheckpointState, Incident, Metric, PlanOutcome, Run
 from service.models.base import utcnow
-from service.runs.goodput import checkpoint_stall_s
+from service.runs.goodput_figures import checkpoint_stall_s
 
 WARMUP_STEPS = 2  # each attempt's first steps are not steady state (see the docstring)
 REFRESH_S = 15.0  # a running run's measurement is at most this old

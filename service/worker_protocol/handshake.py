@@ -15,7 +15,7 @@ from fastapi import Depends, Header
 
 from contract import PROTOCOL_HEADER, PROTOCOL_VERSION, UNVERSIONED_PROTOCOL, protocol_advice
 from service.errors import AppError
-from service.workers.schemas import ProtocolRange
+from service.worker_protocol.schemas import ProtocolRange
 
 # The newest is the protocol of the runyard-client this service is built with; the oldest is
 # the oldest client it still answers: raise it when a change stops answering older ones.

@@ -1,4 +1,7 @@
-"""A run's owner as the OS and Slurm know them, and what can go wrong acting as them."""
+"""A run's owner as the OS and Slurm know them, and what can go wrong acting as them.
+
+Part of the Slurm seam: every job is submitted as its owner and charged to their account.
+Who a run's owner is, service/identity/ decides."""
 
 from __future__ import annotations
 

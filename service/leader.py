@@ -1,12 +1,14 @@
-"""Who leads the reconcile loop: a Postgres advisory lock held by one session.
+"""Who leads a loop only one replica may run: a Postgres advisory lock held by one session.
 
-Every replica serves the API; only the process whose database session holds the lock
-reconciles. The lock lives exactly as long as that session, so a leader whose process dies,
-or whose connection Postgres drops (a restart, a network cut, `pg_terminate_backend`),
-loses it, and another replica takes it on its next try. The leader must therefore ask, before
-it acts, whether its own session still holds the lock: a process that kept ticking on the
-strength of a lock taken long ago would act beside the new leader (two attempts submitted for
-one run, one node drained twice). `LeaderLock.held()` is that question.
+The reconcile loop takes ADVISORY_LOCK_KEY; each tracker's exporter a key of its own
+(service/tracking/loop.py). Every replica serves the API; only the process whose database
+session holds the lock reconciles. The lock lives exactly as long as that session, so a
+leader whose process dies, or whose connection Postgres drops (a restart, a network cut,
+`pg_terminate_backend`), loses it, and another replica takes it on its next try. The leader
+must therefore ask, before it acts, whether its own session still holds the lock: a process
+that kept ticking on the strength of a lock taken long ago would act beside the new leader
+(two attempts submitted for one run, one node drained twice). `LeaderLock.held()` is that
+question.
 """
 
 from __future__ import annotations

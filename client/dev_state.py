@@ -1,0 +1,26 @@
+"""Where the local dev cluster keeps its state (.runyard/dev, or RUNYARD_DEV_DIR): the folder
+`runyard dev` manages (client/devcluster/), and where every command finds the dev cluster's
+admin token when RUNYARD_TOKEN is unset (client/api.py). Paths and environment only, so the
+API client reads it without importing the dev cluster's machinery, which uses the client."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout the dev cluster runs from
+
+
+def default_slurm_prefix() -> Path | None:
+    """The Slurm prefix the dev cluster runs on (RUNYARD_DEV_SLURM, as `dev up --slurm`
+    sets it); None: Debian's packaged Slurm on PATH."""
+    prefix = os.environ.get("RUNYARD_DEV_SLURM")
+    return Path(prefix).resolve() if prefix else None
+
+
+def default_state_dir(slurm_prefix: Path | None = None) -> Path:
+    """RUNYARD_DEV_DIR, else .runyard/dev; a cluster on a Slurm prefix of its own gets a
+    folder of its own (.runyard/dev-slurm-24.11 for /opt/slurm-24.11)."""
+    prefix = slurm_prefix or default_slurm_prefix()
+    name = f"dev-{prefix.name}" if prefix else "dev"
+    return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / name)).resolve()

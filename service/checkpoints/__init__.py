@@ -1,1 +1,0 @@
-"""Checkpoints the service can trust: CORRUPT ones and what follows from them."""
