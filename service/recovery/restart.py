@@ -48,30 +48,49 @@ def end_attempt_and_restart(
     Returns True if the run will restart.
     """
     if not attempt.state.is_terminal:
-        anomaly = None
-        # A replica group's too: its ranks compare across groups and every group stops.
-        corruption = sdc.report_of(session, attempt)
-        if corruption is not None:
-            # The replicas disagreed (service/recovery/sdc.py): however the attempt ended (its
-            # ranks exited, or the drain of the odd node stopped it), roll back past it.
-            cause, reason = sdc.decide(session, run, attempt, corruption, reason)
-        elif cause in _SOFTWARE:
-            # A loss spike or non-finite value the worker stopped for: roll back past it
-            # (service/runs/rollback.py), before asking whether it repeats a failure. Replica
-            # groups see the same losses, so every group stops for it.
-            anomaly = rollback.anomaly_of(session, attempt)
-        if anomaly is not None:
-            cause, reason = rollback.decide(session, run, attempt, anomaly, reason)
-        elif cause in _SOFTWARE and attempt.replica_group is None:
-            cause, reason = _what_failed(session, run, attempt, cause, reason)
+        cause, reason = _why_it_ended(session, run, attempt, cause, reason)
         set_stop_reason(attempt, cause)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
     if run.state.is_terminal or run.state == RunState.CANCELLING:
         return False
-    # Silent data corruption drains its node like a failed one, but only the run's own
-    # report says so (recovery/claims.py): it is one of the run's max_restarts.
-    hardware = cause == StopReason.NODE_FAILURE
-    software_restarts = run.num_restarts - run.num_hardware_restarts
+    return _restart_or_fail(session, run, attempt, cause, reason)
+
+
+def _why_it_ended(
+    session: Session, run: Run, attempt: Attempt, cause: StopReason, reason: str
+) -> tuple[StopReason, str]:
+    """The cause the attempt ended for, looked at closer before it is recorded: replicas
+    that disagreed (SDC) or a loss spike the worker stopped for turn it into a rollback,
+    and a software failure of a run without groups may be a corrupt checkpoint or a repeat
+    of the attempt before (`_what_failed`). The run's fate follows from the cause decided
+    here, and the attempt's stop reason and event text say it."""
+    anomaly = None
+    # A replica group's too: its ranks compare across groups and every group stops.
+    corruption = sdc.report_of(session, attempt)
+    if corruption is not None:
+        # The replicas disagreed (service/recovery/sdc.py): however the attempt ended (its
+        # ranks exited, or the drain of the odd node stopped it), roll back past it.
+        cause, reason = sdc.decide(session, run, attempt, corruption, reason)
+    elif cause in _SOFTWARE:
+        # A loss spike or non-finite value the worker stopped for: roll back past it
+        # (service/runs/rollback.py), before asking whether it repeats a failure. Replica
+        # groups see the same losses, so every group stops for it.
+        anomaly = rollback.anomaly_of(session, attempt)
+    if anomaly is not None:
+        cause, reason = rollback.decide(session, run, attempt, anomaly, reason)
+    elif cause in _SOFTWARE and attempt.replica_group is None:
+        cause, reason = _what_failed(session, run, attempt, cause, reason)
+    return cause, reason
+
+
+def _restart_or_fail(
+    session: Session, run: Run, attempt: Attempt, cause: StopReason, reason: str
+) -> bool:
+    """The run's fate once `attempt` ended for `cause`, the run neither ended nor being
+    cancelled. The causes that decide it outright come first (a refusal to retry, a
+    deterministic failure and a rollback that did not help fail it; a rollback and a
+    corrupt checkpoint send it back without using a restart), so that only the failures
+    left spend from max_restarts (`_spend_restart`). Returns True if the run will restart."""
     if cause == StopReason.DO_NOT_RETRY:
         set_run_state(
             session,
@@ -82,6 +101,7 @@ def end_attempt_and_restart(
         )
         return False
     if cause == StopReason.DETERMINISTIC_FAILURE:
+        software_restarts = run.num_restarts - run.num_hardware_restarts
         set_run_state(
             session,
             run,
@@ -109,6 +129,20 @@ def end_attempt_and_restart(
             attempt,
         )
         return True
+    return _spend_restart(session, run, attempt, cause, reason)
+
+
+def _spend_restart(
+    session: Session, run: Run, attempt: Attempt, cause: StopReason, reason: str
+) -> bool:
+    """Restart the run after a failure of its own or of the cluster's: a hardware failure
+    (a drained node) is counted apart and never uses up max_restarts, since the run did
+    nothing wrong; any other failure does, so a run that keeps failing in its own code
+    stops instead of burning spares forever. Returns True if the run will restart."""
+    # Silent data corruption drains its node like a failed one, but only the run's own
+    # report says so (recovery/claims.py): it is one of the run's max_restarts.
+    hardware = cause == StopReason.NODE_FAILURE
+    software_restarts = run.num_restarts - run.num_hardware_restarts
     if not hardware and software_restarts >= run.max_restarts:
         set_run_state(
             session,
