@@ -212,6 +212,27 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
     failed = run.nodes.index(bad) // (run.num_nodes // groups) if bad in run.nodes else None
     live = live_group_attempts(run)
     healthy = {g for g, a in live.items() if g != failed and _is_live_copy(a)}
+    path, why = _recovery_path_for(session, run, incident, live, healthy, failed)
+    incident.run_id = incident.run_id or run.id
+    incident.recovery_path, incident.classic_because = path, why
+    if path == RecoveryPath.FAST and failed is not None:
+        return _fast_path(session, run, incident, bad, failed, live.get(failed), healthy)
+    return _classic_path(session, run, incident, bad, live, why)
+
+
+def _recovery_path_for(
+    session: Session,
+    run: Run,
+    incident: Incident,
+    live: dict[int, Attempt],
+    healthy: set[int],
+    failed: int | None,
+) -> tuple[RecoveryPath, ClassicBecause | None]:
+    """The policy's path (paths.choose_recovery_path) for the groups that hold no live copy
+    of the state, unless the incident is an SDC report that no majority outvoted: then
+    every group stops for the comparison's rollback, and so they do when the run's restarts
+    are spent, which the report uses (the rollback's path fails the run)."""
+    groups = replica_groups(run)
     failed_groups = set(range(groups)) - healthy
     path, why = choose_recovery_path(
         replica_groups=groups,
@@ -227,56 +248,92 @@ def move_group_to_spare(session: Session, run: Run, incident: Incident, bad: str
         # no majority: every group stopped for the comparison's rollback (or the run's
         # restarts are spent, which an SDC report uses: the rollback's path fails the run)
         path, why = RecoveryPath.CLASSIC, ClassicBecause.ROLLBACK
-    incident.run_id = incident.run_id or run.id
-    incident.recovery_path, incident.classic_because = path, why
-    jobs: list[str] = []
-    if path == RecoveryPath.FAST and failed is not None:
-        attempt = live.get(failed)
-        # The attempt the signal was about: an SDC report names its own. Ended already (its
-        # job's end was judged first: judge_group_ended replaced it, or left the group to
-        # this incident), its restart is counted; a replacement on the node is only moved.
-        named = incident.attempt_id
-        counts = attempt is not None and named in (None, attempt.id)
-        reporter = session.get(Attempt, named) if named is not None else None
-        report = sdc.report_of(session, reporter) if reporter is not None else None
-        if report is not None and reporter is not None:  # outvoted: what it wrote since
-            sdc.distrust_checkpoints_of(session, run, reporter, report)
-        if attempt is not None:
-            incident.attempt_id = named if named is not None else attempt.id
-            cause = StopReason.SDC if report and counts else StopReason.NODE_FAILURE
-            set_stop_reason(attempt, cause)
-            set_attempt_state(
-                session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
-            )
-            jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
-        if counts:
-            # A failed node is the cluster's; an SDC verdict is the run's own claim
-            # (recovery/claims.py): one of its max_restarts.
-            run.num_hardware_restarts += 0 if incident.signal == sdc.SIGNAL else 1
-            run.num_restarts += 1
-        granted = spares_granted(session, run, failed, bad)
-        spare = _take_spare(session, run, incident, bad) if granted else None
-        record_event(
-            session,
-            run,
-            "recovery.fast_path",
-            f"{bad} drained ({incident.signal}); replica group {failed} "
-            + (f"moves to spare {spare}" if spare else "waits for a spare")
-            + f"; groups {sorted(healthy)} keep training",
-            data={"incident": incident.id, "failed": bad, "spare": spare, "group": failed},
-        )
-        # The group's other lost nodes (a leaf switch) take theirs in the same pass.
-        if spare is not None and group_ready(session, run, failed):
-            from service.config import get_settings
+    return path, why
 
-            new_group_attempt(session, run, get_settings(), failed, from_disk=False)
-        else:  # the others train on; reconcile/submission.py swaps in a spare when one frees
-            incident.state = IncidentState.WAITING
-        return jobs
-    # The classic path: every group stops and the run restarts from disk. The restart is
-    # decided on one live attempt, left live for it: the one an SDC report came from (so
-    # the rollback past its comparison, and its count against max_restarts, are decided:
-    # restart.py), else the first group's.
+
+def _fast_path(
+    session: Session,
+    run: Run,
+    incident: Incident,
+    bad: str,
+    failed: int,
+    attempt: Attempt | None,
+    healthy: set[int],
+) -> list[str]:
+    """Only group `failed` stops (its live `attempt`, if any): a spare takes `bad`'s place
+    if the spare policy grants one, and the group's replacement attempt, healing from a
+    live peer, is recorded in this transaction; without a spare the incident WAITs while
+    the `healthy` groups train on. Returns the Slurm jobs to scancel."""
+    jobs = _end_failed_group(session, run, incident, bad, attempt)
+    granted = spares_granted(session, run, failed, bad)
+    spare = _take_spare(session, run, incident, bad) if granted else None
+    record_event(
+        session,
+        run,
+        "recovery.fast_path",
+        f"{bad} drained ({incident.signal}); replica group {failed} "
+        + (f"moves to spare {spare}" if spare else "waits for a spare")
+        + f"; groups {sorted(healthy)} keep training",
+        data={"incident": incident.id, "failed": bad, "spare": spare, "group": failed},
+    )
+    # The group's other lost nodes (a leaf switch) take theirs in the same pass.
+    if spare is not None and group_ready(session, run, failed):
+        from service.config import get_settings
+
+        new_group_attempt(session, run, get_settings(), failed, from_disk=False)
+    else:  # the others train on; reconcile/submission.py swaps in a spare when one frees
+        incident.state = IncidentState.WAITING
+    return jobs
+
+
+def _end_failed_group(
+    session: Session, run: Run, incident: Incident, bad: str, attempt: Attempt | None
+) -> list[str]:
+    """End the failed group's live `attempt` (None when the group has none) and count its
+    restart, unless it was counted already: an incident naming an attempt whose end was
+    judged first (judge_group_ended counted it) leaves the group's live attempt, a
+    replacement, only moved. An outvoted SDC reporter's checkpoints since its comparison
+    are distrusted first. Returns the Slurm jobs to scancel."""
+    jobs: list[str] = []
+    # The attempt the signal was about: an SDC report names its own. Ended already (its
+    # job's end was judged first: judge_group_ended replaced it, or left the group to
+    # this incident), its restart is counted; a replacement on the node is only moved.
+    named = incident.attempt_id
+    counts = attempt is not None and named in (None, attempt.id)
+    reporter = session.get(Attempt, named) if named is not None else None
+    report = sdc.report_of(session, reporter) if reporter is not None else None
+    if report is not None and reporter is not None:  # outvoted: what it wrote since
+        sdc.distrust_checkpoints_of(session, run, reporter, report)
+    if attempt is not None:
+        incident.attempt_id = named if named is not None else attempt.id
+        cause = StopReason.SDC if report and counts else StopReason.NODE_FAILURE
+        set_stop_reason(attempt, cause)
+        set_attempt_state(
+            session, run, attempt, AttemptState.FAILED, f"node {bad} failed: {incident.signal}"
+        )
+        jobs += [attempt.slurm_job_id] if attempt.slurm_job_id else []
+    if counts:
+        # A failed node is the cluster's; an SDC verdict is the run's own claim
+        # (recovery/claims.py): one of its max_restarts.
+        run.num_hardware_restarts += 0 if incident.signal == sdc.SIGNAL else 1
+        run.num_restarts += 1
+    return jobs
+
+
+def _classic_path(
+    session: Session,
+    run: Run,
+    incident: Incident,
+    bad: str,
+    live: dict[int, Attempt],
+    why: ClassicBecause | None,
+) -> list[str]:
+    """Every group stops and the run restarts from disk (`why` says what ruled out the
+    fast path). The restart is decided on one live attempt, left live for it: the one an
+    SDC report came from (so the rollback past its comparison, and its count against
+    max_restarts, are decided: restart.py), else the first group's. A spare takes `bad`'s
+    place, or the run's node list drops it. Returns the Slurm jobs to scancel."""
+    jobs: list[str] = []
     lead = next(iter(a for _, a in sorted(live.items())), None)
     if incident.signal == sdc.SIGNAL:
         lead = next((a for a in live.values() if a.id == incident.attempt_id), None)
