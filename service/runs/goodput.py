@@ -12,7 +12,8 @@ rows: a long run has millions of those, and `run watch` asks for goodput every 2
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from contract import StopReason
@@ -34,22 +35,55 @@ def compute_goodput(
     first = attempts[0] if attempts else None
     queued = seconds_between(first.submitted_at, first.started_at or now) if first else 0.0
     if not started:
-        zero = LostTime(
-            recomputed_steps_s=0,
-            detection_s=0,
-            drain_and_resubmit_s=0,
-            startup_and_load_s=0,
-            checkpoint_stalls_s=0,
-        )
-        return Goodput(
-            allocated_s=0,
-            allocated_gpu_hours=0,
-            productive_s=0,
-            goodput=None,
-            lost=zero,
-            queued_s=queued,
-        )
+        return _not_started(queued)
     allocated = seconds_between(started[0].started_at, run.ended_at or now)
+    lost = _lost_time(started, checkpoints)
+    lost_s = (
+        lost.recomputed_steps_s
+        + lost.detection_s
+        + lost.drain_and_resubmit_s
+        + lost.startup_and_load_s
+        + lost.checkpoint_stalls_s
+        + lost.preempted_s
+        + lost.segment_boundaries_s
+        + lost.rolled_back_s
+    )
+    productive = max(allocated - lost_s, 0.0)
+    return Goodput(
+        allocated_s=allocated,
+        allocated_gpu_hours=allocated * gpus / 3600,
+        productive_s=productive,
+        goodput=productive / allocated if allocated > 0 else None,
+        lost=lost,
+        queued_s=queued,
+    )
+
+
+def _not_started(queued_s: float) -> Goodput:
+    """A run none of whose attempts started yet holds no GPUs: nothing is allocated or lost,
+    its goodput is unknown (None, not 0) and only its time in the queue counts."""
+    zero = LostTime(
+        recomputed_steps_s=0,
+        detection_s=0,
+        drain_and_resubmit_s=0,
+        startup_and_load_s=0,
+        checkpoint_stalls_s=0,
+    )
+    return Goodput(
+        allocated_s=0,
+        allocated_gpu_hours=0,
+        productive_s=0,
+        goodput=None,
+        lost=zero,
+        queued_s=queued_s,
+    )
+
+
+def _lost_time(started: Sequence[Attempt], checkpoints: Sequence[Checkpoint]) -> LostTime:
+    """The allocated time that trained no step that counts, by cause, attempt by attempt
+    (`started`, in order): each one's start-up, the gap before the next one (charged to why
+    this one stopped: a failure or a move, a preemption, a segment's time limit), what a
+    failure threw away (`_work_lost`), and what the checkpoint saves cost."""
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     recomputed = detection = resubmit = startup = preempted = segments = rolled_back = 0.0
     for i, attempt in enumerate(started):
@@ -69,48 +103,46 @@ def compute_goodput(
                 resubmit += gap
             else:  # StopReason.TIME_LIMIT
                 segments += gap
-        if attempt.state == AttemptState.FAILED and attempt.ended_at is not None:
-            # Work after the checkpoint the next attempt resumed from is lost: from that
-            # commit to the last step seen it was recomputed; from there to the attempt's
-            # end nobody knew yet (detection). Steps trained but never reported count as
-            # detection, since the service cannot tell them from silence.
-            resume = following.resume_step if following else None
-            commit = committed_at.get(resume) if resume is not None else None
-            lost_from = (
-                max(commit, attempt.started_at or commit) if commit else attempt.first_step_at
-            )
-            last_seen = attempt.last_progress_at
-            if lost_from is not None:
-                progress_end = max(last_seen or lost_from, lost_from)
-                trained = seconds_between(lost_from, min(progress_end, attempt.ended_at))
-                if attempt.stop_reason in (StopReason.ROLLED_BACK, StopReason.SDC):
-                    rolled_back += trained
-                else:
-                    recomputed += trained
-                detection += seconds_between(progress_end, attempt.ended_at)
-    stalls = sum(map(checkpoint_stall_s, checkpoints))
-    lost = LostTime(
+        work_lost = _work_lost(attempt, following, committed_at)
+        if work_lost is not None:
+            trained, unseen = work_lost
+            if attempt.stop_reason in (StopReason.ROLLED_BACK, StopReason.SDC):
+                rolled_back += trained
+            else:
+                recomputed += trained
+            detection += unseen
+    return LostTime(
         recomputed_steps_s=recomputed,
         detection_s=detection,
         drain_and_resubmit_s=resubmit,
         preempted_s=preempted,
         segment_boundaries_s=segments,
         startup_and_load_s=startup,
-        checkpoint_stalls_s=stalls,
+        checkpoint_stalls_s=sum(map(checkpoint_stall_s, checkpoints)),
         rolled_back_s=rolled_back,
     )
-    lost_s = (
-        recomputed + detection + resubmit + startup + stalls + preempted + segments + rolled_back
-    )
-    productive = max(allocated - lost_s, 0.0)
-    return Goodput(
-        allocated_s=allocated,
-        allocated_gpu_hours=allocated * gpus / 3600,
-        productive_s=productive,
-        goodput=productive / allocated if allocated > 0 else None,
-        lost=lost,
-        queued_s=queued,
-    )
+
+
+def _work_lost(
+    attempt: Attempt, following: Attempt | None, committed_at: Mapping[int, datetime]
+) -> tuple[float, float] | None:
+    """What a FAILED attempt cost beyond its gap, as (trained, unseen) seconds; None for an
+    attempt that did not fail, or failed before a step that could be lost.
+
+    Work after the checkpoint the next attempt resumed from is lost: from that commit to
+    the last step seen it was trained for nothing (recomputed, or rolled back past); from
+    there to the attempt's end nobody knew yet (detection). Steps trained but never
+    reported count as detection, since the service cannot tell them from silence."""
+    if attempt.state != AttemptState.FAILED or attempt.ended_at is None:
+        return None
+    resume = following.resume_step if following else None
+    commit = committed_at.get(resume) if resume is not None else None
+    lost_from = max(commit, attempt.started_at or commit) if commit else attempt.first_step_at
+    if lost_from is None:
+        return None
+    progress_end = max(attempt.last_progress_at or lost_from, lost_from)
+    trained = seconds_between(lost_from, min(progress_end, attempt.ended_at))
+    return trained, seconds_between(progress_end, attempt.ended_at)
 
 
 def achieved_mfu(plan: dict[str, Any] | None, tokens_per_s: float | None) -> float | None:
