@@ -58,6 +58,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/import_graph.py
+	$(VENV)/bin/python scripts/longest_functions.py --max 80 service worker client runyard-client
 
 # With the tests' fakes and shared fixtures (the fake Slurm itself is in service/slurm/).
 typecheck: $(STAMP)
