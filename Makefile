@@ -32,7 +32,7 @@ PYTEST := $(VENV)/bin/pytest -ra --durations=30
 # path (marked whole_path: submit and cancel, an Xid onto a spare, fast recovery, ...).
 test: up
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
-	$(PYTEST) -m "not integration or whole_path"
+	$(PYTEST) -m "(not integration and not heavy) or whole_path"
 
 # Everything, as CI runs it: every integration test on the real Postgres and Slurm.
 test-all: up

@@ -16,6 +16,9 @@ import pytest
 from callback_helpers import REPO_ROOT, losses, rows
 from worker_helpers import clean_env, free_port
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 EXAMPLES = {
     "hf": (REPO_ROOT / "examples" / "hf_trainer.py", "checkpoint-{step}"),
     "lightning": (REPO_ROOT / "examples" / "lightning_train.py", "stop-step={step}.ckpt"),

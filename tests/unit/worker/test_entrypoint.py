@@ -44,6 +44,7 @@ def rows(metrics: Path, kind: str) -> list[dict[str, Any]]:
     return [row for row in found if row["kind"] == kind]
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_the_example_trains_commits_and_resumes_where_it_stopped(tmp_path: Path) -> None:
     whole = tmp_path / "whole.jsonl"

@@ -100,6 +100,7 @@ def test_in_the_users_own_python_runyard_is_not_importable(
     assert f"python {sys.executable} runyard importable: True" in out, out
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_the_plain_torchrun_example_resumes_bit_for_bit_from_its_own_dcp_checkpoint(
     tmp_path: Path,

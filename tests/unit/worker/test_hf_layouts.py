@@ -27,6 +27,9 @@ from contract import read_hf_checkpoint
 from worker.data import TokenBatches, open_corpus
 from worker.hf.export import export_hf
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STEPS, SEQ_LEN, GLOBAL_BATCH = 3, 32, 8
 LOSS_ATOL = 1e-5  # fp32; layouts only reorder floating-point sums (test_worker_layouts.py)

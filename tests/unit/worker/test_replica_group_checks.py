@@ -21,6 +21,9 @@ import pytest
 from test_worker_fault_tolerance import PACE, start_group
 from worker_helpers import tiny_spec
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 STEPS = 12
 
 

@@ -28,6 +28,9 @@ import pytest
 from test_worker_layouts import DEEP_MODEL, MODEL, layout_spec, read_losses, reference_losses
 from worker_helpers import clean_env, free_port
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STEPS = 14
 DIES_AT = 4  # group 1's last step before it is lost

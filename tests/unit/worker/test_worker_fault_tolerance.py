@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from worker_helpers import clean_env, free_port, tiny_spec
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("replica_driver.py")
 STEPS = 30

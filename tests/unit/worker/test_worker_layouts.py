@@ -35,6 +35,9 @@ from worker.model import build_model
 from worker.reporter import FileReporter
 from worker.train import lr_at, train
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STEPS = int(os.environ.get("RUNYARD_LAYOUT_STEPS", "20"))  # the 20 first losses
 EXTRA_STEPS = min(STEPS, 8)  # the combinations beyond the list: fewer, to save time

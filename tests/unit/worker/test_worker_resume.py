@@ -25,6 +25,9 @@ from worker.distributed import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import train
 
+# Ranks as processes training together: make test-all (make test keeps the whole paths).
+pytestmark = pytest.mark.heavy
+
 NUM_RANKS = 2
 
 
