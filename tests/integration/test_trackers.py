@@ -110,16 +110,27 @@ def lose_a_node(client: RunyardClient, agents: Agents, run_id: int, number: int)
     """Xid 79 on one of the run's nodes once it trains past a commit; the next attempt runs."""
     wait_for(
         f"attempt {number} past a commit",
-        lambda: (
-            committed(client, run_id)
-            and (client.get_run(run_id)["last_step"] or 0) >= max(committed(client, run_id)) + 5
-        ),
+        lambda: past_a_commit(client, run_id, number),
         timeout_s=120,
         context=lambda: situation(client, run_id),
     )
     bad = client.get_run(run_id)["nodes"][-1]
     agents.append(bad, XID_79.format(pid=os.getpid()))
     return bad
+
+
+def past_a_commit(client: RunyardClient, run_id: int, number: int) -> bool:
+    """Attempt `number` committed a checkpoint of its own and trained on from it: its steps
+    reported 5 past the newest commit, or three commits made (the service may hear of the
+    steps only with the next commit, so the first may never be seen)."""
+    attempts = client.get_run(run_id)["attempts"]
+    if len(attempts) < number:
+        return False
+    resumed_at = attempts[number - 1]["resume_step"] or 0
+    newest = max(committed(client, run_id), default=0)
+    if newest <= resumed_at:
+        return False
+    return (client.get_run(run_id)["last_step"] or 0) >= newest + 5 or newest >= resumed_at + 60
 
 
 def situation(client: RunyardClient, run_id: int) -> str:
