@@ -84,6 +84,18 @@ def link_user(
     return link
 
 
+def link_at_login(session: Session, login: str, slurm_account: str) -> UserLink:
+    """Link the runyard user named `login` to that login, charged to `slurm_account`: what a
+    person's first `runyard login` does (service/auth/login.py), with the checks an admin's
+    link gets."""
+    check_unix_user(login, get_settings().owner_group)
+    check_name("account", slurm_account)
+    link = UserLink(user=login, unix_user=login, slurm_account=slurm_account, linked_by="login")
+    session.add(link)
+    session.flush()
+    return link
+
+
 def unlink_user(session: Session, user: str) -> None:
     link = link_of(session, user)
     if link is None:
