@@ -9,6 +9,7 @@ here (the endpoint's `default_accounts` dependency); `sacctmgr`'s output is pars
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, delete, or_, select
 from sqlalchemy.orm import Session
+from typer.testing import CliRunner
 
+from client.api import RunyardClient
+from client.cli import app as cli_app
+from client.token_store import TokenSource, forget_token, resolve_token, save_token
 from service.app import create_app
 from service.auth.endpoints import default_accounts
 from service.auth.service import create_token
@@ -264,3 +269,82 @@ def test_a_user_lists_and_revokes_their_own_tokens_only(
     assert everyone[bobs_id]["origin"] == "admin"
     with Session(engine) as s:
         assert s.get_one(ApiToken, bobs_id).revoked_at is not None
+
+
+# The CLI: where it keeps the login's token, and what it says when the service refuses it.
+
+
+@pytest.fixture
+def cli(app: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """`runyard` commands against the app in-process (TestClient is an httpx.Client), with
+    a configuration folder of their own and no other token to fall back on. Yields the
+    folder the login's token is saved in."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("RUNYARD_DEV_DIR", str(tmp_path / "no-dev-cluster"))
+    monkeypatch.delenv("RUNYARD_TOKEN", raising=False)
+    made = RunyardClient.__init__
+
+    def on_the_app(self: RunyardClient, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        in_process: Any = TestClient(app, headers=dict(self._http.headers))
+        self._http = in_process
+
+    monkeypatch.setattr(RunyardClient, "__init__", on_the_app)
+    yield tmp_path / "config" / "runyard"
+
+
+def runyard(*args: str) -> Any:
+    return CliRunner().invoke(cli_app, list(args))
+
+
+def test_the_saved_token_is_its_owners_alone_and_comes_after_runyard_token(
+    cli: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli.mkdir(parents=True, mode=0o755)  # made earlier by something else, open to all
+    path = save_token("ry_saved")
+    assert path == cli / "token" and path.read_text() == "ry_saved\n"
+    assert (cli.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert resolve_token() == ("ry_saved", TokenSource.LOGIN)
+    monkeypatch.setenv("RUNYARD_TOKEN", "ry_from_env")
+    assert resolve_token() == ("ry_from_env", TokenSource.ENVIRONMENT)
+    monkeypatch.delenv("RUNYARD_TOKEN")
+    dev = Path(os.environ["RUNYARD_DEV_DIR"])
+    dev.mkdir()
+    (dev / "admin.token").write_text("ry_dev_admin\n")
+    assert resolve_token() == ("ry_saved", TokenSource.LOGIN)  # the login before the dev's
+    assert forget_token() and resolve_token() == ("ry_dev_admin", TokenSource.DEV_CLUSTER)
+
+
+def test_the_cli_says_in_one_line_that_the_login_expired(
+    app: Any, cli: Path, settings_env: pytest.MonkeyPatch
+) -> None:
+    settings_env.setenv("RUNYARD_LOGIN_TOKEN_TTL_S", "1")
+    token = log_in(app, credential("alice")).json()["token"]
+    save_token(token)
+    wait_for(
+        "the login token to expire",
+        lambda: call(app, token, "GET", "/v1/runs").status_code == 401,
+        timeout_s=5,
+        interval_s=0.05,
+    )
+    done = runyard("run", "list")
+    assert done.exit_code == 1, done.output  # README: 1, refused
+    assert done.output == "error: your runyard login expired; run `runyard login` again\n"
+
+
+def test_runyard_logout_revokes_the_saved_token_and_deletes_it(app: Any, cli: Path) -> None:
+    token = log_in(app, credential("alice")).json()["token"]
+    save_token(token)
+    assert runyard("run", "list").exit_code == 0  # the saved login is what the CLI sends
+    done = runyard("logout")
+    assert done.exit_code == 0 and "revoked" in done.output, done.output
+    assert not (cli / "token").exists()
+    assert call(app, token, "GET", "/v1/runs").status_code == 401
+    assert runyard("logout").exit_code == 0  # nothing left to do: not an error
+
+
+def test_runyard_login_as_root_is_refused_in_one_line_and_saves_nothing(cli: Path) -> None:
+    done = runyard("login")  # the tests run as root: the CLI's own munge proves uid 0
+    assert done.exit_code == 1
+    assert done.output.startswith("error: root never logs in") and done.output.count("\n") == 1
+    assert not (cli / "token").exists()
