@@ -97,7 +97,8 @@ def call(app: Any, token: str, method: str, path: str) -> Any:
 
 def refused(response: Any, status: int, code: str) -> str:
     """The refusal's detail, once its status and code are the ones expected."""
-    assert (response.status_code, response.json()["error"]) == (status, code), response.text
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == code, response.text
     detail: str = response.json()["detail"]
     return detail
 
