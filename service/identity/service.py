@@ -1,5 +1,5 @@
-"""Which Unix user and Slurm account each runyard user runs as: linking (admins), and the
-owner a run gets at submission.
+"""Which Unix user and Slurm account each runyard user runs as: linking (admins, or a
+person's first `runyard login`), and the owner a run gets at submission.
 
 An admin links a user once (`runyard admin user link ana --unix ana --account vision`); the
 account defaults to the user's team. A run records the identity it was accepted with
