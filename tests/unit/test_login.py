@@ -129,13 +129,19 @@ def test_a_first_login_links_alice_to_her_default_account_and_answers_a_login_to
     assert (again["user"], again["team"], again["linked_now"]) == ("alice", "vision", False)
 
 
-def test_a_login_already_linked_by_an_admin_gets_that_runyard_user(app: Any, engine: Any) -> None:
+def test_a_login_already_linked_by_an_admin_gets_that_runyard_user_and_team(
+    app: Any, engine: Any
+) -> None:
+    """The link an admin made wins over accounting; the team is the one the user's tokens
+    had (an admin's token for robert, of team speech), not the account they are charged to."""
     with Session(engine) as s, s.begin():
-        s.add(UserLink(user="robert", unix_user="bob", slurm_account="speech", linked_by="admin"))
+        s.add(UserLink(user="robert", unix_user="bob", slurm_account="grant-7", linked_by="admin"))
+        create_token(s, user="robert", team="speech", role=Role.USER)
     body = log_in(app, credential("bob")).json()
-    assert (body["user"], body["team"], body["unix_user"], body["linked_now"]) == (
-        "robert", "speech", "bob", False,
+    assert (body["user"], body["team"], body["unix_user"], body["slurm_account"]) == (
+        "robert", "speech", "bob", "grant-7",
     )  # fmt: skip
+    assert body["linked_now"] is False
 
 
 def test_a_replayed_credential_is_refused(app: Any) -> None:
