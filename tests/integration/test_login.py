@@ -30,8 +30,9 @@ from tests.integration.test_run_as_owner import live_attempt, runs_as
 pytestmark = pytest.mark.integration
 
 # Long enough for `runyard login`, `runyard token list` and `runyard run submit` (three CLI
-# starts of a few seconds each on a busy machine), short enough to wait out.
-LOGIN_TTL_S = 30
+# starts of a few seconds each, on two cores shared with training ranks), short enough to
+# wait out: the run's first attempt usually takes most of it to start training anyway.
+LOGIN_TTL_S = 60
 RUNYARD = Path(sys.executable).parent / "runyard"  # the virtualenv's CLI, as a user runs it
 
 
