@@ -7,18 +7,9 @@ from typing import Any
 
 import httpx
 
-from client.dev_state import default_state_dir
+from client.token_store import TokenSource, resolve_token
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def dev_cluster_token() -> str | None:
-    """The local dev cluster's admin token, when no RUNYARD_TOKEN is set."""
-    path = default_state_dir() / "admin.token"
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 class ApiError(Exception):
@@ -34,13 +25,20 @@ class RunyardClient:
         self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
     ) -> None:
         self.url = (url or os.environ.get("RUNYARD_URL") or DEFAULT_URL).rstrip("/")
-        token = token or os.environ.get("RUNYARD_TOKEN") or dev_cluster_token()
+        # Which token, in order: the caller's, then client/token_store.py's.
+        self.token_source = TokenSource.GIVEN
+        if not token:
+            token, self.token_source = resolve_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, *, anonymous: bool = False, **kwargs: Any) -> Any:
+        """One request; `anonymous`: without the token (a login proves who calls itself)."""
         try:
-            response = self._http.request(method, path, **kwargs)
+            request = self._http.build_request(method, path, **kwargs)
+            if anonymous:
+                request.headers.pop("Authorization", None)
+            response = self._http.send(request)
         except httpx.HTTPError as exc:
             raise ApiError(
                 f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
@@ -164,6 +162,19 @@ class RunyardClient:
 
     def list_incidents(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/admin/incidents", params={"limit": limit})
+
+    # logging in, and one's own tokens
+    def log_in(self, credential: str) -> dict[str, Any]:
+        return self._call("POST", "/v1/auth/login", anonymous=True, json={"credential": credential})
+
+    def log_out(self) -> dict[str, Any]:
+        return self._call("POST", "/v1/auth/logout")
+
+    def own_tokens(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/tokens")
+
+    def revoke_own_token(self, token_id: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tokens/{token_id}")
 
     # admin
     def create_token(

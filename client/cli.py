@@ -10,12 +10,14 @@ from client.commands import (
     dev,
     doctor,
     incident,
+    login,
     node,
     notify,
     plan,
     run,
     spare,
     sweep,
+    token,
     tracking,
 )
 
@@ -35,7 +37,10 @@ app.add_typer(data.app, name="data")
 app.add_typer(notify.app, name="notify")
 app.add_typer(tracking.app, name="tracking")
 app.add_typer(plan.app, name="plan")
+app.add_typer(token.app, name="token")
 app.command(name="doctor")(doctor.doctor)
+app.command(name="login")(login.login)
+app.command(name="logout")(login.logout)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,6 +1,6 @@
 """Where the local dev cluster keeps its state (.runyard/dev, or RUNYARD_DEV_DIR): the folder
 `runyard dev` manages (client/devcluster/), and where every command finds the dev cluster's
-admin token when RUNYARD_TOKEN is unset (client/api.py). Paths and environment only, so the
+admin token when no other token is set (client/token_store.py). Paths and environment only, so the
 API client reads it without importing the dev cluster's machinery, which uses the client."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from service.admin.gauges import StateCollector
 from service.admin.users import router as users_router
 from service.agents.endpoints import router as agents_router
 from service.auth.deps import watch_revocations
+from service.auth.endpoints import router as auth_router
 from service.config import get_settings
 from service.db import get_engine, session_scope
 from service.errors import (
@@ -124,6 +125,7 @@ def create_app() -> FastAPI:
     app.include_router(worker_router)
     app.include_router(admin_router)
     app.include_router(users_router)
+    app.include_router(auth_router)
     app.include_router(plans_router)
     app.include_router(notifications_router)
     app.include_router(tracking_router)

@@ -247,6 +247,32 @@ class Settings(BaseSettings):
         description="The Unix group of the users the service may act as (the sudoers rule's "
         "Runas list): a user is linked only to a login in it.",
     )
+    # `runyard login` (service/auth/login.py): a person proves their uid with MUNGE.
+    login_token_ttl_s: float = Field(
+        default=43200.0,
+        gt=0,
+        description="How long a `runyard login` token lasts: 12 h, a working day, so one "
+        "login in the morning serves the day (as a Kerberos ticket's default 10 h lifetime "
+        "does), while a token left behind on a shared login host is dead by the next one. "
+        "Tokens admins make for automation keep their own expiry.",
+    )
+    login_credential_max_age_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A login's MUNGE credential encoded longer ago than this is refused, even "
+        "when munged accepts it (its TTL may be up to munged's --max-ttl, an hour): each "
+        "munged remembers the credentials it decoded only within their TTL and only on its "
+        "own host, so a copied credential is worth this long at most. `runyard login` "
+        "posts its credential within a second of making it; 60 s leaves room for a slow "
+        "network and the clock skew between hosts that MUNGE itself tolerates.",
+    )
+    login_min_uid: int = Field(
+        default=1000,
+        ge=1,
+        description="The lowest uid that may `runyard login`: root (0) never may, and system "
+        "accounts (daemons, the service's own user, SlurmUser, munge) sit below 1000 on "
+        "Debian and RHEL (UID_MIN). Logins must also be in owner_group.",
+    )
     environment: ServiceEnvironment = Field(
         default=ServiceEnvironment.SITE,
         description="site: users' jobs get nothing of the service's environment. dev (the dev "

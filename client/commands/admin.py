@@ -41,7 +41,18 @@ def token_list(json: bool = JSON) -> None:
         return print_json(rows)
     print_table(
         None,
-        ["ID", "PREFIX", "USER", "TEAM", "ROLE", "NODE", "REVOKED", "LAST USED"],
+        [
+            "ID",
+            "PREFIX",
+            "USER",
+            "TEAM",
+            "ROLE",
+            "ORIGIN",
+            "NODE",
+            "EXPIRES",
+            "REVOKED",
+            "LAST USED",
+        ],
         [
             (
                 t["id"],
@@ -49,7 +60,9 @@ def token_list(json: bool = JSON) -> None:
                 t["user"],
                 t["team"],
                 t["role"],
+                t["origin"],
                 t["node_name"],
+                short_time(t["expires_at"]) or "never",
                 short_time(t["revoked_at"]),
                 short_time(t["last_used_at"]),
             )

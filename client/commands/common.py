@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from client.api import ApiError, RunyardClient
 from client.output import Exit, fail
+from client.token_store import TokenSource
 
 T = TypeVar("T")
 
@@ -17,7 +18,19 @@ def call(fn: Callable[[RunyardClient], T]) -> T:
     try:
         return fn(client)
     except ApiError as exc:
-        fail(exc.message, Exit.UNREACHABLE if exc.status is None else Exit.ERROR)
+        if exc.status is None:
+            fail(exc.message, Exit.UNREACHABLE)
+        if exc.status == 401 and client.token_source == TokenSource.LOGIN:
+            fail(login_refused(exc), Exit.ERROR)
+        fail(exc.message, Exit.ERROR)
+
+
+def login_refused(exc: ApiError) -> str:
+    """What to tell someone whose saved login token the service refused."""
+    code = exc.body.get("error") if isinstance(exc.body, dict) else None
+    if code == "token_expired":
+        return "your runyard login expired; run `runyard login` again"
+    return f"your saved runyard login is no longer valid ({exc.message}); run `runyard login` again"
 
 
 def fmt_float(value: Any, digits: int = 4) -> str:

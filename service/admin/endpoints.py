@@ -18,13 +18,13 @@ from service.admin.schemas import (
     TeamQuota,
     TokenCreate,
     TokenCreated,
-    TokenOut,
 )
 from service.auth import service as auth
 from service.auth.deps import ADMINS, PrincipalDep
+from service.auth.schemas import TokenOut
 from service.db import SessionDep
 from service.errors import DbId, InvalidSpec
-from service.models import ApiToken, Incident, Role
+from service.models import Incident, Role
 from service.models.base import utcnow
 from service.nodes import service as nodes
 from service.nodes.schemas import DrainRequest, NodeOut, ResumeRequest
@@ -131,14 +131,8 @@ def create_token(body: TokenCreate, session: SessionDep, principal: PrincipalDep
 def list_tokens(
     session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 200
 ) -> list[TokenOut]:
-    """Tokens (never their secrets), newest first; worker tokens are left out."""
-    rows = session.scalars(
-        select(ApiToken)
-        .where(ApiToken.role != Role.WORKER)
-        .order_by(ApiToken.id.desc())
-        .limit(limit)
-    ).all()
-    return [TokenOut.model_validate(r) for r in rows]
+    """Every user's tokens (never their secrets), newest first; worker tokens are left out."""
+    return [TokenOut.model_validate(r) for r in auth.tokens_of(session, None, limit)]
 
 
 @router.delete("/tokens/{token_id}")

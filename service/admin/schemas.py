@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.auth.schemas import TokenOut
 from service.models import ClassicBecause, IncidentState, RecoveryAction, RecoveryPath, Role
 
 
@@ -67,21 +68,6 @@ class TokenCreate(BaseModel):
         description="Required for agent tokens: the node it speaks for.",
     )
     expires_in_days: int | None = Field(default=None, ge=1, le=3650)
-
-
-class TokenOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    prefix: str
-    user: str
-    team: str
-    role: Role
-    node_name: str | None
-    expires_at: datetime | None
-    revoked_at: datetime | None
-    last_used_at: datetime | None
-    created_at: datetime
 
 
 class TokenCreated(TokenOut):

@@ -25,7 +25,7 @@ from service.auth.service import create_token
 from service.auth.tokens import hash_token
 from service.config import Settings
 from service.identity.service import check_unix_user
-from service.models import ApiToken, Role, UserLink
+from service.models import ApiToken, Role, TokenOrigin, UserLink
 
 
 def token_file_is_valid(session: Session, path: Path) -> bool:
@@ -46,7 +46,14 @@ def mint_token_file(
         with Session(engine) as session, session.begin():
             if token_file_is_valid(session, path):
                 return False
-            _, secret = create_token(session, user=user, team=team, role=role, node_name=node_name)
+            _, secret = create_token(
+                session,
+                user=user,
+                team=team,
+                role=role,
+                node_name=node_name,
+                origin=TokenOrigin.BOOTSTRAP,
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from service.auth.cache import principals
-from service.auth.principal import Principal, Unauthenticated
+from service.auth.principal import Principal, TokenExpired, Unauthenticated
 from service.auth.service import attempt_states, revoked_since, tokens_by_hash, touch_tokens
 from service.auth.tokens import hash_token
 from service.config import get_settings
@@ -24,7 +24,7 @@ from service.db import LIVENESS, in_transaction
 from service.errors import first_line
 from service.group_commit import GroupCommit
 from service.limits import RateLimiter
-from service.models import AttemptState, Role
+from service.models import AttemptState, Role, TokenOrigin
 from service.models.base import utcnow
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def _principal(row: Row[Any], attempts: dict[int, AttemptState], now: datetime) 
     if row.revoked_at is not None:
         raise Unauthenticated("this token was revoked; ask an admin for a new one")
     if row.expires_at is not None and row.expires_at <= now:
-        raise Unauthenticated("this token expired; ask an admin for a new one")
+        raise TokenExpired(expired_because(row.origin, row.expires_at))
     if row.attempt_id is not None:
         state = attempts.get(row.attempt_id)
         if state is None or state.is_terminal:
@@ -81,6 +81,14 @@ def _principal(row: Row[Any], attempts: dict[int, AttemptState], now: datetime) 
         run_id=row.run_id,
         attempt_id=row.attempt_id,
     )
+
+
+def expired_because(origin: TokenOrigin, expires_at: datetime) -> str:
+    """What the holder of a token that expired at `expires_at` should do next."""
+    when = expires_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if origin == TokenOrigin.LOGIN:
+        return f"your login expired at {when}; run `runyard login` again"
+    return f"this token expired at {when}; ask an admin for a new one"
 
 
 # Tokens not in the principal cache are looked up together (a fleet's first requests after

@@ -13,6 +13,13 @@ class Unauthenticated(AppError):
     code = "unauthenticated"
 
 
+class TokenExpired(Unauthenticated):
+    """A token past its `expires_at`: a login's says to log in again (the CLI reads the
+    code and says so in one line), an admin-made one's to ask an admin."""
+
+    code = "token_expired"
+
+
 class Forbidden(AppError):
     status_code = 403
     code = "forbidden"

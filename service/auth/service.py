@@ -13,13 +13,22 @@ from service.auth.cache import principals
 from service.auth.principal import Principal
 from service.auth.tokens import hash_token, new_token
 from service.errors import NotFound
-from service.models import ApiToken, Attempt, AttemptState, AuditEntry, Role, Team
+from service.models import (
+    ApiToken,
+    Attempt,
+    AttemptState,
+    AuditEntry,
+    Role,
+    Team,
+    TokenOrigin,
+)
 from service.models.base import utcnow
 
 _tokens = cast(Table, ApiToken.__table__)
 _attempts = cast(Table, Attempt.__table__)
 _TOKEN_COLUMNS = (
-    "id token_hash user team role node_name run_id attempt_id expires_at revoked_at last_used_at"
+    "id token_hash user team role node_name run_id attempt_id origin expires_at revoked_at "
+    "last_used_at"
 )
 # Built once, Core columns and no ORM objects: they run for every group of tokens that the
 # principal cache does not hold, one statement per group whatever its size.
@@ -80,8 +89,10 @@ def create_token(
     run_id: int | None = None,
     attempt_id: int | None = None,
     expires_at: datetime | None = None,
+    origin: TokenOrigin = TokenOrigin.ADMIN,
 ) -> tuple[ApiToken, str]:
-    """A new token row and the secret (returned once; only its hash is stored)."""
+    """A new token row and the secret (returned once; only its hash is stored). `origin`
+    says how it was made: an admin's unless the caller says otherwise."""
     ensure_team(session, team)
     secret = new_token()
     row = ApiToken(
@@ -94,6 +105,7 @@ def create_token(
         run_id=run_id,
         attempt_id=attempt_id,
         expires_at=expires_at,
+        origin=origin,
     )
     session.add(row)
     session.flush()
@@ -109,6 +121,37 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
     # still reading the unrevoked row cache it again.
     event.listen(session, "after_commit", lambda _: principals.forget_token(token_id), once=True)
     return row
+
+
+def tokens_of(session: Session, user: str | None, limit: int) -> list[ApiToken]:
+    """Tokens, newest first: `user`'s own, or everyone's (None); never a worker's (they
+    die with their attempt, and nobody holds one to revoke)."""
+    stmt = select(ApiToken).where(ApiToken.role != Role.WORKER)
+    if user is not None:
+        stmt = stmt.where(ApiToken.user == user)  # is_own, in SQL
+    return list(session.scalars(stmt.order_by(ApiToken.id.desc()).limit(limit)))
+
+
+def token(session: Session, token_id: int) -> ApiToken | None:
+    return session.get(ApiToken, token_id)
+
+
+def is_own(row: ApiToken, user: str) -> bool:
+    """Whether `user` holds `row` as theirs to list and revoke (a worker token is the
+    service's, whoever's run it serves)."""
+    return row.user == user and row.role != Role.WORKER
+
+
+def team_of(session: Session, user: str) -> str | None:
+    """The team of `user`'s newest user-role token (an admin's or an earlier login's), if
+    they ever had one: the team their runs belong to."""
+    stmt = (
+        select(ApiToken.team)
+        .where(ApiToken.user == user, ApiToken.role == Role.USER)
+        .order_by(ApiToken.id.desc())
+        .limit(1)
+    )
+    return session.scalars(stmt).first()
 
 
 def audit(

@@ -1,5 +1,5 @@
-"""Which Unix user and Slurm account each runyard user runs as: linking (admins), and the
-owner a run gets at submission.
+"""Which Unix user and Slurm account each runyard user runs as: linking (admins, or a
+person's first `runyard login`), and the owner a run gets at submission.
 
 An admin links a user once (`runyard admin user link ana --unix ana --account vision`); the
 account defaults to the user's team. A run records the identity it was accepted with
@@ -80,6 +80,18 @@ def link_user(
         link = UserLink(user=user, unix_user=unix_user, linked_by=principal.user)
         session.add(link)
     link.unix_user, link.slurm_account, link.linked_by = unix_user, slurm_account, principal.user
+    session.flush()
+    return link
+
+
+def link_at_login(session: Session, login: str, slurm_account: str) -> UserLink:
+    """Link the runyard user named `login` to that login, charged to `slurm_account`: what a
+    person's first `runyard login` does (service/auth/login.py), with the checks an admin's
+    link gets."""
+    check_unix_user(login, get_settings().owner_group)
+    check_name("account", slurm_account)
+    link = UserLink(user=login, unix_user=login, slurm_account=slurm_account, linked_by="login")
+    session.add(link)
     session.flush()
     return link
 

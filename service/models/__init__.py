@@ -1,6 +1,6 @@
 """All tables, imported in one place so Alembic and the app see the same metadata."""
 
-from service.models.auth import ApiToken, AuditEntry, Role, Team
+from service.models.auth import ApiToken, AuditEntry, Role, Team, TokenOrigin
 from service.models.base import Base
 from service.models.identity import UserLink
 from service.models.incident import (
@@ -64,6 +64,7 @@ __all__ = [
     "RunState",
     "Sweep",
     "Team",
+    "TokenOrigin",
     "TrackerExport",
     "TrackerKind",
     "UserLink",

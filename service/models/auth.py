@@ -20,6 +20,16 @@ class Role(StrEnum):
     WORKER = "worker"  # a training attempt's ranks: that attempt only, expires with it
 
 
+class TokenOrigin(StrEnum):
+    """How a token came to exist: what its owner and the on-call see in a token list, and
+    what an expired token's refusal tells its holder to do."""
+
+    ADMIN = "admin"  # an admin made it (`runyard admin token create`): automation, agents
+    BOOTSTRAP = "bootstrap"  # minted into the database before the API (service.auth.bootstrap)
+    LOGIN = "login"  # `runyard login`: a person proved their uid with MUNGE; expires
+    SERVICE = "service"  # the service minted it for an attempt's workers
+
+
 class Team(Base):
     __tablename__ = "teams"
 
@@ -50,6 +60,18 @@ class ApiToken(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     attempt_id: Mapped[int | None] = mapped_column(
         ForeignKey("attempts.id", ondelete="CASCADE"), index=True
+    )
+    origin: Mapped[TokenOrigin] = mapped_column(
+        Enum(
+            TokenOrigin,
+            name="token_origin",
+            native_enum=False,
+            length=16,
+            validate_strings=True,
+            values_callable=lambda e: [m.value for m in e],
+        ),
+        default=TokenOrigin.ADMIN,
+        server_default=TokenOrigin.ADMIN.value,
     )
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

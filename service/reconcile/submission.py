@@ -24,7 +24,7 @@ from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
 from service.identity.run_owner import adopt_owner, owner_of
-from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState
+from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState, TokenOrigin
 from service.models.base import utcnow
 from service.recovery import fast_path, sdc, timeline
 from service.recovery.fast_path import replica_groups
@@ -313,6 +313,7 @@ def mint_worker_token(run_id: int, attempt_id: int) -> str:
             role=Role.WORKER,
             run_id=run.id,
             attempt_id=attempt_id,
+            origin=TokenOrigin.SERVICE,
         )
     return secret
 

@@ -81,7 +81,15 @@ POLICY: dict[tuple[str, str], str] = {
     ("POST", "/v1/notifications/{subscription_id}/test"): USERS,
     ("GET", "/v1/notifications/deliveries"): USERS,
     ("GET", "/metrics"): PUBLIC,
+    # A MUNGE credential proves who calls (service/auth/login.py); no token before it.
+    ("POST", "/v1/auth/login"): PUBLIC,
+    ("POST", "/v1/auth/logout"): USERS,
+    ("GET", "/v1/tokens"): USERS,
+    ("DELETE", "/v1/tokens/{token_id}"): USERS,
 }
+# Routes that revoke the very token they are called with: the matrix calls them with a token
+# of its own, so the world's tokens live on for the next rows.
+REVOKES_ITS_TOKEN = {("POST", "/v1/auth/logout")}
 ALLOWED = {
     PUBLIC: {"none", "user", "admin", "agent", "worker"},
     USERS: {"user", "admin"},
@@ -213,10 +221,14 @@ def concrete(path: str, world: World) -> str:
 
 @pytest.mark.parametrize(("method", "path"), sorted(POLICY))
 @pytest.mark.parametrize("who", ["none", "user", "admin", "agent", "worker"])
-def test_role_matrix(app: Any, world: World, method: str, path: str, who: str) -> None:
+def test_role_matrix(
+    app: Any, world: World, database_url: str, method: str, path: str, who: str
+) -> None:
     if (method, path) not in api_routes(app):
         pytest.skip("route not in this build")
     token = None if who == "none" else world.tokens[who]
+    if (method, path) in REVOKES_ITS_TOKEN and who in ("user", "admin"):
+        token = throwaway_token(database_url, Role(who))
     # Bodies that fail validation after authorization: auth must answer first.
     response = call(
         app, token, method, concrete(path, world), json={} if method in ("POST", "PUT") else None
@@ -233,6 +245,16 @@ def test_role_matrix(app: Any, world: World, method: str, path: str, who: str) -
             response.text,
         )
         assert response.json()["error"] in ("unauthenticated", "forbidden")
+
+
+def throwaway_token(database_url: str, role: Role) -> str:
+    """A committed token of `role` that nothing else uses."""
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as s, s.begin():
+            return create_token(s, user=f"throwaway-{role.value}", team="alpha", role=role)[1]
+    finally:
+        engine.dispose()
 
 
 def test_other_teams_runs_do_not_exist(app: Any, world: World) -> None:
