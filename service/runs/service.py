@@ -195,7 +195,11 @@ def cancel_run(
         set_run_state(session, run, RunState.CANCELLING, reason)
     elif now:
         record_event(session, run, "run.cancel_now", "cancel now: the jobs are scancelled")
-    saves = RunSpec.model_validate(run.spec).hears_stop_requests
+    # Replica groups stop on a request only where the groups agree on one step, which a
+    # cancel does not arrange: their ranks kept training until the grace ran out. Their
+    # cancel scancels at once, as before; the groups' last commit stands.
+    groups = any(a.replica_group is not None for a in run.attempts)
+    saves = RunSpec.model_validate(run.spec).hears_stop_requests and not groups
     for attempt in run.attempts:
         if attempt.state.is_terminal:
             continue

@@ -147,3 +147,17 @@ def test_a_script_read_from_its_output_is_scancelled_at_once(cluster: Cluster) -
     cluster.tick()
     assert cluster.slurm.jobs[job].state == "CANCELLED"
     assert cluster.run(run_id).state == RunState.CANCELLED
+
+
+def test_a_replica_group_run_is_scancelled_at_once(cluster: Cluster) -> None:
+    """Its groups stop on a request only at a step they agree on, which a cancel does not
+    arrange: asked to save, they trained on until the grace ran out (bench/recovery.py)."""
+    run_id = cluster.submit_run("groups", fault_tolerance={"replica_groups": 2})
+    cluster.cycle()
+    jobs = [a.slurm_job_id for a in cluster.attempts(run_id)]
+    assert len(jobs) == 2 and all(jobs)
+    cancel(run_id)
+    assert not stop_asked_in_the_reply(cluster, run_id)
+    cluster.tick()
+    assert {cluster.slurm.jobs[j].state for j in jobs if j} == {"CANCELLED"}
+    assert cluster.run(run_id).state == RunState.CANCELLED
