@@ -38,17 +38,7 @@ def compute_goodput(
         return _not_started(queued)
     allocated = seconds_between(started[0].started_at, run.ended_at or now)
     lost = _lost_time(started, checkpoints)
-    lost_s = (
-        lost.recomputed_steps_s
-        + lost.detection_s
-        + lost.drain_and_resubmit_s
-        + lost.startup_and_load_s
-        + lost.checkpoint_stalls_s
-        + lost.preempted_s
-        + lost.segment_boundaries_s
-        + lost.rolled_back_s
-    )
-    productive = max(allocated - lost_s, 0.0)
+    productive = max(allocated - lost.total_s, 0.0)
     return Goodput(
         allocated_s=allocated,
         allocated_gpu_hours=allocated * gpus / 3600,

@@ -45,6 +45,22 @@ class LostTime(BaseModel):
         "one was replaced (its share of the GPUs idle), in whole-run seconds.",
     )
 
+    @property
+    def total_s(self) -> float:
+        """Every cause added up, in one order for both kinds of run (a cause a run cannot
+        have is 0.0, which leaves the sum's float as it was)."""
+        return (
+            self.recomputed_steps_s
+            + self.detection_s
+            + self.drain_and_resubmit_s
+            + self.startup_and_load_s
+            + self.checkpoint_stalls_s
+            + self.preempted_s
+            + self.segment_boundaries_s
+            + self.rolled_back_s
+            + self.degraded_s
+        )
+
 
 class Goodput(BaseModel):
     allocated_s: float

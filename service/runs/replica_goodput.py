@@ -67,15 +67,7 @@ def replica_goodput(
         checkpoint_stalls_s=sum(map(checkpoint_stall_s, checkpoints)),
         degraded_s=degraded / groups,
     )
-    lost_s = (
-        lost.recomputed_steps_s
-        + lost.detection_s
-        + lost.drain_and_resubmit_s
-        + lost.startup_and_load_s
-        + lost.checkpoint_stalls_s
-        + lost.degraded_s
-    )
-    productive = max(allocated - lost_s, 0.0)
+    productive = max(allocated - lost.total_s, 0.0)
     return Goodput(
         allocated_s=allocated,
         allocated_gpu_hours=allocated * run.num_nodes * run.gpus_per_node / 3600,
