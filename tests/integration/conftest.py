@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,26 @@ def slurm(*args: str, conf: str) -> str:
     """Run a Slurm client command against the dev cluster; its stdout."""
     env = {**os.environ, "SLURM_CONF": conf}
     return subprocess.run(list(args), capture_output=True, text=True, env=env).stdout
+
+
+@contextmanager
+def other_work(conf: str, leave_idle: int) -> Iterator[str]:
+    """A job outside runyard holding every idle node but `leave_idle`, running once this
+    yields its id (what the runs placed next must live beside); scancelled after."""
+    idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
+    job = slurm(
+        "sbatch", "--parsable", "--exclusive", f"-N{idle - leave_idle}",
+        f"--job-name=runyard-{TEST_DATABASE}-blocker", "--output=/dev/null",
+        "--wrap", "sleep 900", conf=conf,
+    ).strip()  # fmt: skip
+    try:
+        wait_for(
+            "the other work to start",
+            lambda: slurm("squeue", "-h", "-j", job, "-o", "%T", conf=conf).strip() == "RUNNING",
+        )
+        yield job
+    finally:
+        slurm("scancel", job, conf=conf)
 
 
 @pytest.fixture(scope="session")

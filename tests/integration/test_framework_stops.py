@@ -15,7 +15,7 @@ import pytest
 
 from client.api import RunyardClient
 from tests.conftest import REPO_ROOT, TEST_DATABASE, wait_for
-from tests.integration.conftest import ServiceProcess, committed, slurm, tiny_spec
+from tests.integration.conftest import ServiceProcess, committed, other_work, slurm, tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -116,19 +116,7 @@ def test_a_preemption_and_a_cancel_each_save_through_the_framework(
         lambda: not jobs_of_tests(conf),
         timeout_s=120,
     )
-    idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
-    blocker = slurm(
-        "sbatch", "--parsable", "--exclusive", f"-N{idle - 2}",
-        f"--job-name=runyard-{TEST_DATABASE}-blocker", "--output=/dev/null",
-        "--wrap", "sleep 900", conf=conf,
-    ).strip()  # fmt: skip
-    try:
-        wait_for(
-            "the other work to start",
-            lambda: (
-                slurm("squeue", "-h", "-j", blocker, "-o", "%T", conf=conf).strip() == "RUNNING"
-            ),
-        )
+    with other_work(conf, leave_idle=2):
         run_id = client.submit_run(spec)["id"]
         wait_for(
             "the scavenger training",
@@ -155,8 +143,6 @@ def test_a_preemption_and_a_cancel_each_save_through_the_framework(
             lambda: client.get_run(prod)["state"] == "SUCCEEDED",
             timeout_s=180,
         )
-    finally:
-        slurm("scancel", blocker, conf=conf)
     yielded = committed(client, run_id)[-1]
     assert saved_at(client, run_id, yielded).name == framework.stop_checkpoint.format(step=yielded)
     assert trained_by(client, run_id, first["id"], 0)[-1] == yielded  # not a step past it

@@ -9,12 +9,13 @@ from datetime import datetime
 import pytest
 
 from client.api import RunyardClient
-from tests.conftest import TEST_DATABASE, wait_for
+from tests.conftest import wait_for
 from tests.integration.conftest import (
     Agents,
     ServiceProcess,
     inject_faults,
     losses,
+    other_work,
     slurm,
     tiny_spec,
 )
@@ -44,27 +45,9 @@ def test_prod_run_preempts_a_scavenger_run(
     # tell the two apart).
     spec = tiny_spec("scavenger", steps=240, priority="scavenger", checkpoint_every=240)
 
-    # Other work holds every node but two: the scavenger run takes all the free ones.
-    idle = len(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", conf=conf).split())
-    blocker = slurm(
-        "sbatch",
-        "--parsable",
-        "--exclusive",
-        f"-N{idle - 2}",
-        f"--job-name=runyard-{TEST_DATABASE}-blocker",
-        "--output=/dev/null",
-        "--wrap",
-        "sleep 900",
-        conf=conf,
-    ).strip()
-    try:
-        # The other work runs first; only then is the scavenger placed on what is left.
-        wait_for(
-            "the other work to start",
-            lambda: (
-                slurm("squeue", "-h", "-j", blocker, "-o", "%T", conf=conf).strip() == "RUNNING"
-            ),
-        )
+    # Other work holds every node but two: the scavenger run takes all the free ones; it
+    # runs first, and only then is the scavenger placed on what is left.
+    with other_work(conf, leave_idle=2):
         scavenger = client.submit_run(spec)["id"]
         wait_for(
             "the scavenger training",
@@ -112,8 +95,6 @@ def test_prod_run_preempts_a_scavenger_run(
         assert set(client.get_run(prod)["attempts"][0]["nodes"]) & set(stopped["nodes"])
         assert len(client.get_run(prod)["attempts"]) == 1, "the twin trained uninterrupted"
         twin = losses(client, prod)
-    finally:
-        slurm("scancel", blocker, conf=conf)
 
     wait_for("the scavenger to finish", lambda: succeeded(client, scavenger), timeout_s=180)
     final = client.get_run(scavenger)
