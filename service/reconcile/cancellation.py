@@ -4,7 +4,8 @@ The user's cancel marks the run CANCELLING and asks its training ranks to stop
 (runs/service.py): they save a checkpoint through their own framework and exit 0. A job
 is scancelled here, outside any transaction, as the run owner's only (SlurmClient.cancel),
 once nothing more is to be saved: its attempt is not training, no stop was asked of it
-(`cancel --now`), or its ranks let `stop_grace_s` pass. An attempt
+(`cancel --now`), or its ranks left at last (ranks that let `stop_grace_s` pass are
+scancelled by preemption.enforce_stop_deadlines, as any stop's). An attempt
 recorded SUBMITTING without a job id may have been sbatched by a service that died: its job
 is found by its unique name, if it runs as the owner. A sweep task waits for its array's job
 id (reconcile/sweeps.py) so it cannot be forgotten.
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
     """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
     targets: dict[int, list[str]] = {}
-    saving: set[str] = set()  # jobs whose ranks are still within their grace to save
+    # Jobs whose ranks were asked to save: past their grace, preemption.enforce_stop_deadlines
+    # scancels them (earlier in the same tick).
+    saving: set[str] = set()
     grace_since = utcnow() - timedelta(seconds=settings.stop_grace_s)
     unnamed: dict[int, list[str]] = {}  # run -> names of jobs maybe queued before a crash
     owners: dict[int, str] = {}  # run -> its owner's Unix user, whom its jobs run as
@@ -40,11 +43,7 @@ def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
         for r in repository.runs_in_states(session, [RunState.CANCELLING]):
             live = [a for a in r.attempts if not a.state.is_terminal]
             targets[r.id] = [a.slurm_job_id for a in live if a.slurm_job_id]
-            saving.update(
-                a.slurm_job_id
-                for a in live
-                if a.slurm_job_id and a.stop_requested_at and a.stop_requested_at > grace_since
-            )
+            saving.update(a.slurm_job_id for a in live if a.slurm_job_id and a.stop_requested_at)
             owners[r.id] = r.unix_user
             for a in live:
                 if a.slurm_job_id is not None or a.state != AttemptState.SUBMITTING:

@@ -111,13 +111,13 @@ def stop_segments_at_time_limit(settings: Settings) -> None:
 
 
 def enforce_stop_deadlines(settings: Settings, slurm: SlurmClient) -> None:
-    """Ranks that ignore a stop request for `stop_grace_s` are cancelled outright (a
-    cancelled run's are scancelled by cancellation.py)."""
+    """Ranks that ignore a stop request for `stop_grace_s` are cancelled outright: a
+    running run's (preemption, a segment's end, a slow node) and a cancelled one's."""
     deadline = utcnow() - timedelta(seconds=settings.stop_grace_s)
     with session_scope() as session:
         jobs = {
             a.slurm_job_id: r.unix_user
-            for r in repository.runs_in_states(session, [RunState.RUNNING])
+            for r in repository.runs_in_states(session, [RunState.RUNNING, RunState.CANCELLING])
             for a in r.attempts
             if a.stop_requested_at
             and a.stop_requested_at < deadline
