@@ -1,5 +1,8 @@
 """The settings reference, generated from `Settings` so the docs cannot drift from the code.
 
+Area by area (service/config_areas/, in the order of `Settings`' bases): each area's
+docstring gives its heading and what it governs, each field its row.
+
 `python -m service.config_doc --write` rewrites the table in docs/install.md (between its
 markers) and deploy/runyard.env.example; `--check` (and a unit test) fails when either is
 stale.
@@ -8,12 +11,14 @@ stale.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
-from service.config import REPO_ROOT, Settings
+from service.config import AREAS, REPO_ROOT, Settings
+from service.config_areas.base import AreaSettings
 
 INSTALL_DOC = REPO_ROOT / "docs" / "install.md"
 ENV_EXAMPLE = REPO_ROOT / "deploy" / "runyard.env.example"
@@ -30,17 +35,24 @@ def _default(field: FieldInfo) -> str:
     return str(value)
 
 
-def _fields() -> list[tuple[str, FieldInfo]]:
-    return list(Settings.model_fields.items())
+def _heading(area: type[AreaSettings]) -> tuple[str, list[str]]:
+    """The area's title (its docstring's first line) and the lines of what it governs."""
+    title, _, text = (inspect.getdoc(area) or area.__name__).partition("\n")
+    return title.rstrip("."), text.strip().splitlines()
 
 
 def settings_table() -> str:
-    """Markdown: every setting, its variable, its default and what it does."""
-    rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
-    for name, field in _fields():
-        text = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{PREFIX}{name.upper()}` | `{_default(field)}` | {text} |")
-    return "\n".join(rows) + "\n"
+    """Markdown: area by area, every setting, its variable, its default and what it does."""
+    sections = []
+    for area in AREAS:
+        title, text = _heading(area)
+        rows = [f"### {title}", "", *text, "", "| variable | default | what it does |"]
+        rows.append("| --- | --- | --- |")
+        for name, field in area.model_fields.items():
+            described = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{PREFIX}{name.upper()}` | `{_default(field)}` | {described} |")
+        sections.append("\n".join(rows) + "\n")
+    return "\n".join(sections)
 
 
 def env_example() -> str:
@@ -52,10 +64,13 @@ def env_example() -> str:
         "# Uncomment and set what your site needs; the rest keeps its default.",
         "",
     ]
-    for name, field in _fields():
-        lines.append(f"# {field.description or name}")
-        lines.append(f"# {PREFIX}{name.upper()}={_default(field)}")
-        lines.append("")
+    for area in AREAS:
+        title, text = _heading(area)
+        lines += [f"# ==== {title} ====", *(f"# {line}" for line in text), ""]
+        for name, field in area.model_fields.items():
+            lines.append(f"# {field.description or name}")
+            lines.append(f"# {PREFIX}{name.upper()}={_default(field)}")
+            lines.append("")
     return "\n".join(lines)
 
 
