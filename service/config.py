@@ -21,6 +21,7 @@ from service.config_areas.reconciler import ReconcilerSettings
 from service.config_areas.recovery import RecoverySettings
 from service.config_areas.replica_groups import ReplicaGroupSettings
 from service.config_areas.server import ServerSettings
+from service.config_areas.tls import TlsSettings
 from service.config_areas.tracking import TrackingSettings
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 
 class Settings(
     ServerSettings,
+    TlsSettings,
     AuthSettings,
     IdentitySettings,
     ClusterSettings,

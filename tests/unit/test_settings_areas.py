@@ -4,7 +4,10 @@ whichever area holds it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 
 from service.config import AREAS, Settings
 from service.config_areas.base import AreaSettings
@@ -12,6 +15,7 @@ from service.config_areas.base import AreaSettings
 # One setting of each area, the text its variable is set to, and what Settings reads.
 READ_FROM_ITS_VARIABLE = {
     "ServerSettings": ("port", "8443", 8443),
+    "TlsSettings": ("tls_expiry_warn_days", "30", 30),
     "AuthSettings": ("login_min_uid", "2000", 2000),
     "IdentitySettings": ("owner_group", "ml-users", "ml-users"),
     "ClusterSettings": ("partition", "gpu-long", "gpu-long"),
@@ -61,3 +65,28 @@ def test_an_areas_setting_is_read_from_its_variable(
     monkeypatch.setenv(f"RUNYARD_{name.upper()}", text)
     assert getattr(Settings(), name) == value
     assert getattr(area(), name) == value  # an area alone reads the same variable
+
+
+@pytest.mark.parametrize("given", ["tls_cert_file", "tls_key_file"])
+def test_a_tls_certificate_and_its_key_come_together(given: str, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Settings(**{given: tmp_path / "api.pem"})
+    message = str(raised.value)
+    assert "tls_cert_file and tls_key_file go together" in message
+    assert f"{given} is set" in message
+
+
+def test_tls_is_off_by_default_and_on_with_a_certificate_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Settings().tls_cert_file is None and Settings().tls_key_file is None
+    monkeypatch.setenv("RUNYARD_TLS_CERT_FILE", str(tmp_path / "api.pem"))
+    monkeypatch.setenv("RUNYARD_TLS_KEY_FILE", str(tmp_path / "api.key"))
+    settings = Settings()
+    assert (settings.tls_cert_file, settings.tls_key_file) == (
+        tmp_path / "api.pem",
+        tmp_path / "api.key",
+    )
+    assert settings.tls_client_ca_file is None and settings.tls_expiry_warn_days == 21
+    with pytest.raises(ValidationError, match="tls_expiry_warn_days"):
+        Settings(tls_expiry_warn_days=0)
