@@ -10,7 +10,7 @@ from service.config import Settings
 from service.models import TrackerKind
 from service.notifications import delivery_loop
 from service.runs.goodput_low import enqueue_low_goodput
-from service.tracking.loop import ExportLoop
+from service.tracking.export_loop import ExportLoop
 from service.tracking.metrics import register_collector
 
 

@@ -29,7 +29,7 @@ from service.models import (
 from service.runs.lifecycle import record_event, set_run_state
 from service.tracking import timeline
 from service.tracking.export import Exporter
-from service.tracking.loop import ensure_exports
+from service.tracking.export_loop import ensure_exports
 from service.tracking.tensorboard_sink import TensorBoardSink, read_folder, texts
 from service.tracking.wandb_log import read_run
 from service.tracking.wandb_sink import WandbSink, wait_for_a_new_folder_name
