@@ -20,13 +20,13 @@ from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Node, NodeState, Run, RunState
-from service.nodes.lifecycle import node_event, set_node_state
-from service.nodes.topology import (
+from service.nodes.cluster_topology import (
     TopologyShape,
     block_placement,
     cluster_topology,
     group_nodes,
 )
+from service.nodes.lifecycle import node_event, set_node_state
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.planning import plan_layout, stored_plan
