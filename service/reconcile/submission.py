@@ -26,7 +26,7 @@ from service.db import session_scope
 from service.identity.run_owner import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState, TokenOrigin
 from service.models.base import utcnow
-from service.recovery import fast_path, sdc, timeline
+from service.recovery import fast_path, incident_timeline, sdc
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
@@ -161,7 +161,7 @@ def submit_attempts(
                 AttemptState.PENDING,
                 f"Slurm job {job_id} queued on {req.nodelist}",
             )
-            timeline.attempt_submitted(session, owner.id)
+            incident_timeline.attempt_submitted(session, owner.id)
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 

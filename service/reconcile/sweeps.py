@@ -25,7 +25,7 @@ from service.reconcile.submission import (
     new_attempt,
     owners_own,
 )
-from service.recovery import timeline
+from service.recovery import incident_timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.folders import checkpoint_folder, owner_roots
@@ -147,7 +147,7 @@ def _record_array(req: ArrayRequest, array_id: str, slurm: SlurmClient) -> None:
                 f"(at most {req.max_parallel} at once)",
             )
             if run.state == RunState.PENDING:
-                timeline.attempt_submitted(session, run.id)
+                incident_timeline.attempt_submitted(session, run.id)
     if orphaned:
         slurm.cancel(dict.fromkeys(orphaned, req.owner.unix_user))
 
