@@ -32,7 +32,7 @@ from service.runs.lifecycle import record_event
 from service.runs.planning import plan_layout, stored_plan
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
-from service.slurm.placement import choose_nodes, placed_groups, placement_cost
+from service.slurm.node_choice import choose_nodes, placed_groups, placement_cost
 from service.slurm.reservations import delete_reservation, run_of_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 

@@ -1,7 +1,7 @@
 """A failed node: drain it, and move each run on it to a hot spare.
 
 The spare comes from the pool (recovery/spares.py), on a leaf switch the run already uses
-first (slurm/placement.choose_replacement), so the replacement keeps the run's network
+first (slurm/node_choice.choose_replacement), so the replacement keeps the run's network
 locality. With no spare left, the run keeps its healthy nodes and waits: placement
 (reconcile/placement.py) then gives it a free node, or shrinks it to min_nodes.
 A node failure never counts against the run's max_restarts (recovery/restart.py).
@@ -26,7 +26,7 @@ from service.recovery.spares import spare_nodes
 from service.runs import repository as runs_repo
 from service.runs.lifecycle import record_event
 from service.slurm.client import SlurmClient
-from service.slurm.placement import choose_replacement, replica_of
+from service.slurm.node_choice import choose_replacement, replica_of
 
 RUNS_TO_MOVE = (RunState.PENDING, RunState.RUNNING)
 
