@@ -11,7 +11,7 @@ from service.models import TrackerKind
 from service.notifications import delivery_loop
 from service.runs.goodput_low import enqueue_low_goodput
 from service.tracking.export_loop import ExportLoop
-from service.tracking.metrics import register_collector
+from service.tracking.integration_gauges import register_collector
 
 
 def start(settings: Settings, stop: threading.Event) -> list[threading.Thread]:
