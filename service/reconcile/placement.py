@@ -26,7 +26,7 @@ from service.nodes.cluster_topology import (
     cluster_topology,
     group_nodes,
 )
-from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.runs import repository
 from service.runs.lifecycle import record_event
 from service.runs.planning import plan_layout, stored_plan

@@ -42,7 +42,7 @@ from service.models import (
     RunState,
 )
 from service.nodes import repository as nodes_repo
-from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.recovery import sdc, spares
 from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason

@@ -18,7 +18,7 @@ from service.models import Incident, IncidentState, Node, NodeState, Run, RunSta
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes.cluster_topology import cluster_topology, group_nodes
-from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.observability import metrics
 from service.recovery.fast_path import move_group_to_spare, replica_groups
 from service.recovery.restart import end_attempt_and_restart
