@@ -28,8 +28,8 @@ from service.nodes.cluster_topology import (
 )
 from service.nodes.node_state_machine import node_event, set_node_state
 from service.runs import repository
-from service.runs.lifecycle import record_event
 from service.runs.planning import plan_layout, stored_plan
+from service.runs.run_state_machine import record_event
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.node_choice import choose_nodes, placed_groups, placement_cost

@@ -19,7 +19,7 @@ from service.reconcile.placement import adopt_array_nodes
 from service.reconcile.verdict import judge_ended_attempt
 from service.recovery import incident_timeline
 from service.runs import repository
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.slurm.client import JobStatus, SlurmClient
 from service.slurm.hostlist import expand_hostlist
 

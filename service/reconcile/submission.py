@@ -31,7 +31,7 @@ from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.folders import attempt_folder, checkpoint_folder, owner_roots
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.owner import OwnerAccessError, OwnerFailure

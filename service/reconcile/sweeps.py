@@ -29,7 +29,7 @@ from service.recovery import incident_timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
 from service.runs.folders import checkpoint_folder, owner_roots
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation

@@ -28,7 +28,7 @@ from service.models.base import utcnow
 from service.observability import metrics
 from service.recovery.signals import OPEN_STATES, open_incident
 from service.runs import repository
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 
 SIGNAL = "checkpoint:corrupt"  # the incidents' signal, and the alert's label
 

@@ -48,7 +48,7 @@ from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository, rollback
 from service.runs.folders import attempt_folder
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.slurm.node_choice import choose_replacement
 from service.slurm.submit import job_name
 

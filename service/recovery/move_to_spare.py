@@ -24,7 +24,7 @@ from service.recovery.fast_path import move_group_to_spare, replica_groups
 from service.recovery.restart import end_attempt_and_restart
 from service.recovery.spares import spare_nodes
 from service.runs import repository as runs_repo
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.slurm.client import SlurmClient
 from service.slurm.node_choice import choose_replacement, replica_of
 

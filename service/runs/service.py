@@ -26,8 +26,8 @@ from service.runs.environment import script_python
 from service.runs.folders import checkpoint_folder, owner_root
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.goodput_figures import Goodput
-from service.runs.lifecycle import record_event, set_run_state
 from service.runs.planning import acts_as_owner, replica_groups_of, resolve, stored_plan
+from service.runs.run_state_machine import record_event, set_run_state
 from service.runs.schemas import (
     AttemptOut,
     HfModelSpec,

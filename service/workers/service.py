@@ -27,7 +27,7 @@ from service.recovery import incident_timeline, sdc, slow_nodes
 from service.recovery.checkpoints import mark_corrupt
 from service.runs import live_interval, plan_outcomes, repository
 from service.runs.folders import checkpoint_folder
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.worker_protocol.schemas import (
     CheckpointReport,

@@ -26,7 +26,7 @@ from service.models import (
     TrackerExport,
     TrackerKind,
 )
-from service.runs.lifecycle import record_event, set_run_state
+from service.runs.run_state_machine import record_event, set_run_state
 from service.tracking import exportable
 from service.tracking.export import Exporter
 from service.tracking.export_loop import ensure_exports
