@@ -15,6 +15,7 @@ from sqlalchemy import select
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
+from service.identity.owner_folders import checkpoint_folder, owner_roots
 from service.identity.run_owner import owner_of
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
@@ -28,7 +29,6 @@ from service.reconcile.submission import (
 from service.recovery import incident_timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
-from service.runs.folders import checkpoint_folder, owner_roots
 from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable

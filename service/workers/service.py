@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound
+from service.identity.owner_folders import checkpoint_folder
 from service.models import (
     Attempt,
     AttemptState,
@@ -26,7 +27,6 @@ from service.nodes import stragglers
 from service.recovery import incident_timeline, sdc, slow_nodes
 from service.recovery.checkpoints import mark_corrupt
 from service.runs import live_interval, plan_outcomes, repository
-from service.runs.folders import checkpoint_folder
 from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.worker_protocol.schemas import (
