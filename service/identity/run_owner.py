@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.identity.repository import link_of
+from service.identity.service import link_of
 from service.models import Run
 from service.models.sweep import Sweep
 from service.slurm.owner import RunOwner

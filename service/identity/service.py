@@ -3,7 +3,8 @@ person's first `runyard login`), and the owner a run gets at submission.
 
 An admin links a user once (`runyard admin user link ana --unix ana --account vision`); the
 account defaults to the user's team. A run records the identity it was accepted with
-(`runs.unix_user`, `runs.slurm_account`), so a later re-link changes new runs only.
+(`runs.unix_user`, `runs.slurm_account`), so a later re-link changes new runs only. The
+links' few queries are here too: they are all the SQL identity has.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import pwd
 from pathlib import Path
 from typing import Protocol
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract.unix_groups import group_members
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
-from service.identity.repository import link_of
 from service.models import UserLink
 from service.slurm.owner import RunOwner
 
@@ -51,6 +52,20 @@ class NotLinked(AppError):
 
     status_code = 403
     code = "not_linked"
+
+
+def link_of(session: Session, user: str) -> UserLink | None:
+    return session.get(UserLink, user)
+
+
+def list_links(session: Session) -> list[UserLink]:
+    return list(session.scalars(select(UserLink).order_by(UserLink.user)))
+
+
+def links_to(session: Session, unix_user: str) -> list[UserLink]:
+    """The runyard users whose runs run as `unix_user`."""
+    stmt = select(UserLink).where(UserLink.unix_user == unix_user).order_by(UserLink.user)
+    return list(session.scalars(stmt))
 
 
 def owner_for(session: Session, principal: Caller, settings: Settings, priority: str) -> RunOwner:
