@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from contract.unix_groups import group_members
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
-from service.models import UserLink
+from service.models import Run, Sweep, UserLink
 from service.slurm.owner import RunOwner
 
 # Unix and Slurm names: what useradd and sacctmgr accept, and nothing a shell would expand.
@@ -81,6 +81,26 @@ def owner_for(session: Session, principal: Caller, settings: Settings, priority:
         slurm_account=link.slurm_account or principal.team,
         qos=settings.qos_by_priority.get(priority),
     )
+
+
+def owner_of(run: Run | Sweep, settings: Settings | None = None) -> RunOwner:
+    """The identity a run (or a sweep's array) was accepted with; its QoS from `settings`
+    (what a submission needs; a step inside a running job does not)."""
+    priority = run.priority if isinstance(run, Run) else str(run.spec.get("priority", ""))
+    return RunOwner(
+        unix_user=run.unix_user,
+        slurm_account=run.slurm_account,
+        qos=settings.qos_by_priority.get(priority) if settings else None,
+    )
+
+
+def adopt_owner(session: Session, run: Run) -> None:
+    """A run accepted before owners existed (empty columns) takes its user's link, if any."""
+    if run.unix_user:
+        return
+    link = link_of(session, run.owner)
+    if link is not None:
+        run.unix_user, run.slurm_account = link.unix_user, link.slurm_account or run.team
 
 
 def link_user(

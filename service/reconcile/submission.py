@@ -24,7 +24,7 @@ from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
 from service.identity.owner_folders import attempt_folder, checkpoint_folder, owner_roots
-from service.identity.run_owner import adopt_owner, owner_of
+from service.identity.service import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState, TokenOrigin
 from service.models.base import utcnow
 from service.recovery import fast_path, incident_timeline, sdc

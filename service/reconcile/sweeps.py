@@ -16,7 +16,7 @@ from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
 from service.identity.owner_folders import checkpoint_folder, owner_roots
-from service.identity.run_owner import owner_of
+from service.identity.service import owner_of
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
 from service.reconcile.submission import (
