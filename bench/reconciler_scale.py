@@ -49,6 +49,7 @@ from client.devcluster import postgres  # noqa: E402
 from service.auth.principal import Principal  # noqa: E402
 from service.config import Settings, get_settings  # noqa: E402
 from service.db import get_engine, session_scope  # noqa: E402
+from service.identity.owner_folders import checkpoint_folder  # noqa: E402
 from service.models import Role, Run, RunState, UserLink  # noqa: E402
 from service.reconcile import loop  # noqa: E402
 from service.reconcile.loop import Reconciler  # noqa: E402
@@ -56,7 +57,6 @@ from service.recovery import spares  # noqa: E402
 from service.recovery.classification import Classifier  # noqa: E402
 from service.recovery.signals import SignalIn, ingest_node_events  # noqa: E402
 from service.runs import repository  # noqa: E402
-from service.runs.folders import checkpoint_folder  # noqa: E402
 from service.runs.schemas import RunSpec  # noqa: E402
 from service.runs.service import create_run  # noqa: E402
 from service.slurm.fake import FakeSlurm  # noqa: E402

@@ -8,10 +8,10 @@ import threading
 
 from service.config import Settings
 from service.models import TrackerKind
-from service.notifications import loop as notifications
+from service.notifications import delivery_loop
 from service.runs.goodput_low import enqueue_low_goodput
-from service.tracking.loop import ExportLoop
-from service.tracking.metrics import register_collector
+from service.tracking.export_loop import ExportLoop
+from service.tracking.integration_gauges import register_collector
 
 
 def start(settings: Settings, stop: threading.Event) -> list[threading.Thread]:
@@ -19,7 +19,7 @@ def start(settings: Settings, stop: threading.Event) -> list[threading.Thread]:
     register_collector()
     threads = [
         threading.Thread(
-            target=notifications.run_forever,
+            target=delivery_loop.run_forever,
             args=(settings, stop, [enqueue_low_goodput]),
             name="notifications",
             daemon=True,

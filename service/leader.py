@@ -1,7 +1,7 @@
 """Who leads a loop only one replica may run: a Postgres advisory lock held by one session.
 
 The reconcile loop takes ADVISORY_LOCK_KEY; each tracker's exporter a key of its own
-(service/tracking/loop.py). Every replica serves the API; only the process whose database
+(service/tracking/export_loop.py). Every replica serves the API; only the process whose database
 session holds the lock reconciles. The lock lives exactly as long as that session, so a
 leader whose process dies, or whose connection Postgres drops (a restart, a network cut,
 `pg_terminate_backend`), loses it, and another replica takes it on its next try. The leader

@@ -3,7 +3,7 @@ seam), one run's nodes, the hot-spare pool, and drained nodes under repair.
 
 Every choice of a node is the service's: the run's first nodes (placement.nodes_for_run),
 the nodes that join the pool (spares.choose_new_spares), the spare that replaces a failed
-node (slurm.placement.choose_replacement), the nodes a run waiting for some gets. The pool
+node (slurm.node_choice.choose_replacement), the nodes a run waiting for some gets. The pool
 and the run's nodes are held in Slurm reservations as the reconciler holds them.
 """
 

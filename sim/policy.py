@@ -17,7 +17,7 @@ from service.config import Settings
 from service.models import NodeState, RecoveryAction
 from service.reconcile import placement as run_placement
 from service.recovery import classification, health, paths, signals, spares
-from service.slurm import placement as slurm_placement
+from service.slurm import node_choice
 
 DRAINS = RecoveryAction.DRAIN_AND_MOVE
 
@@ -44,7 +44,7 @@ class Policy:
         spares: Sequence[tuple[str, str | None]], run_switches: set[str | None]
     ) -> str | None:
         """The spare that replaces a failed node (a switch the run uses first), or None."""
-        return slurm_placement.choose_replacement(spares, run_switches)
+        return node_choice.choose_replacement(spares, run_switches)
 
     @staticmethod
     def refill(

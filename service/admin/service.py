@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.models import Incident, NodeState, RecoveryAction
-from service.nodes.lifecycle import ADMIN_DRAIN_EVENT, node_event
+from service.nodes.node_state_machine import ADMIN_DRAIN_EVENT, node_event
 from service.nodes.service import require_node
 from service.recovery.signals import open_incident
 

@@ -13,7 +13,6 @@ from service.config import get_settings
 from service.db import SessionDep
 from service.identity import service
 from service.identity.gate import fault_hooks
-from service.identity.repository import list_links
 from service.identity.schemas import ServiceIdentity, UserLinkOut, UserLinkRequest
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[ADMINS])
@@ -42,7 +41,7 @@ def unlink_user(user: str, session: SessionDep, principal: PrincipalDep) -> dict
 @router.get("/users")
 def users(session: SessionDep) -> list[UserLinkOut]:
     """Every linked user."""
-    return [UserLinkOut.model_validate(link) for link in list_links(session)]
+    return [UserLinkOut.model_validate(link) for link in service.list_links(session)]
 
 
 @router.get("/service-identity")

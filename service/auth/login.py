@@ -25,8 +25,7 @@ from service.auth.principal import Principal
 from service.auth.service import audit, create_token, team_of
 from service.config import Settings
 from service.errors import AppError
-from service.identity.repository import link_of, links_to
-from service.identity.service import in_group, link_at_login
+from service.identity.service import in_group, link_at_login, link_of, links_to
 from service.models import ApiToken, Role, TokenOrigin, UserLink
 from service.models.base import utcnow
 

@@ -99,14 +99,30 @@ def probe_python(request: Request) -> Any:
 
 
 def read_log(request: Request) -> Any:
-    from service.identity.log_files import read_chunk
-
+    """A chunk of one rank's output, read with the owner's rights, base64 in the answer."""
     args = request["args"]
     path = Path(args["path"])
     if not path.is_file():
         return {"exists": False, "data": "", "size": 0}
     data, size = read_chunk(path, args["offset"], args["limit"], complete=args["complete"])
     return {"exists": True, "data": base64.b64encode(data).decode(), "size": size}
+
+
+def read_chunk(path: Path, offset: int, limit: int, *, complete: bool) -> tuple[bytes, int]:
+    """Bytes of a rank's output from `offset` (at most `limit`), cut after the last line break
+    unless the file is `complete` and fully read; returns them with the file's size."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(min(offset, size))
+        data = f.read(limit)
+    reached_end = offset + len(data) >= size
+    if complete and reached_end:
+        return data, size
+    if b"\n" in data:
+        return data[: data.rindex(b"\n") + 1], size
+    # No line break: at the end of a live file the line is still being written (wait for
+    # it); short of the end it is a line longer than `limit` (hand it over in pieces).
+    return (b"" if reached_end else data), size
 
 
 def srun_in_job(request: Request) -> Any:

@@ -3,7 +3,8 @@ person's first `runyard login`), and the owner a run gets at submission.
 
 An admin links a user once (`runyard admin user link ana --unix ana --account vision`); the
 account defaults to the user's team. A run records the identity it was accepted with
-(`runs.unix_user`, `runs.slurm_account`), so a later re-link changes new runs only.
+(`runs.unix_user`, `runs.slurm_account`), so a later re-link changes new runs only. The
+links' few queries are here too: they are all the SQL identity has.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import pwd
 from pathlib import Path
 from typing import Protocol
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract.unix_groups import group_members
 from service.config import Settings, get_settings
 from service.errors import AppError, InvalidSpec, NotFound
-from service.identity.repository import link_of
-from service.models import UserLink
+from service.models import Run, Sweep, UserLink
 from service.slurm.owner import RunOwner
 
 # Unix and Slurm names: what useradd and sacctmgr accept, and nothing a shell would expand.
@@ -53,6 +54,20 @@ class NotLinked(AppError):
     code = "not_linked"
 
 
+def link_of(session: Session, user: str) -> UserLink | None:
+    return session.get(UserLink, user)
+
+
+def list_links(session: Session) -> list[UserLink]:
+    return list(session.scalars(select(UserLink).order_by(UserLink.user)))
+
+
+def links_to(session: Session, unix_user: str) -> list[UserLink]:
+    """The runyard users whose runs run as `unix_user`."""
+    stmt = select(UserLink).where(UserLink.unix_user == unix_user).order_by(UserLink.user)
+    return list(session.scalars(stmt))
+
+
 def owner_for(session: Session, principal: Caller, settings: Settings, priority: str) -> RunOwner:
     """The identity a run submitted by `principal` runs as; NotLinked if there is none."""
     link = link_of(session, principal.user)
@@ -66,6 +81,26 @@ def owner_for(session: Session, principal: Caller, settings: Settings, priority:
         slurm_account=link.slurm_account or principal.team,
         qos=settings.qos_by_priority.get(priority),
     )
+
+
+def owner_of(run: Run | Sweep, settings: Settings | None = None) -> RunOwner:
+    """The identity a run (or a sweep's array) was accepted with; its QoS from `settings`
+    (what a submission needs; a step inside a running job does not)."""
+    priority = run.priority if isinstance(run, Run) else str(run.spec.get("priority", ""))
+    return RunOwner(
+        unix_user=run.unix_user,
+        slurm_account=run.slurm_account,
+        qos=settings.qos_by_priority.get(priority) if settings else None,
+    )
+
+
+def adopt_owner(session: Session, run: Run) -> None:
+    """A run accepted before owners existed (empty columns) takes its user's link, if any."""
+    if run.unix_user:
+        return
+    link = link_of(session, run.owner)
+    if link is not None:
+        run.unix_user, run.slurm_account = link.unix_user, link.slurm_account or run.team
 
 
 def link_user(

@@ -12,7 +12,7 @@ from service.errors import Conflict, NotFound
 from service.models import Node, NodeEvent, NodeState
 from service.models.base import utcnow
 from service.nodes import repository
-from service.nodes.lifecycle import (
+from service.nodes.node_state_machine import (
     drained_by_runyard,
     node_event,
     set_node_state,

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from service.config import Settings
 from service.models import Node
 from service.models.base import utcnow
-from service.nodes.lifecycle import node_event
+from service.nodes.node_state_machine import node_event
 
 
 @dataclass(frozen=True)

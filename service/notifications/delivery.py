@@ -1,8 +1,8 @@
 """Delivering the outbox: at least once, with retries and backoff, never inside a transaction.
 
-Each pass (service/notifications/loop.py) claims the deliveries that are due by leasing
-them (one short transaction, `FOR UPDATE SKIP LOCKED`, so any number of service processes
-can deliver side by side without sending one row twice at once), POSTs each with no
+Each pass (service/notifications/delivery_loop.py) claims the deliveries that are due by
+leasing them (one short transaction, `FOR UPDATE SKIP LOCKED`, so any number of service
+processes can deliver side by side without sending one row twice at once), POSTs each with no
 transaction open, and records each answer in a transaction of its own. A process killed
 between the POST and the record leaves the lease to expire, and the delivery is sent
 again: a receiver may see a delivery twice (the X-Runyard-Delivery id tells), never zero

@@ -3,7 +3,7 @@ the event, so an event that happened is an event that will be delivered (and one
 rolled back never is), whatever happens to the process before it is sent.
 
 Called from the two places events are made: the run timeline
-(service/runs/lifecycle.py::record_event) and a new incident
+(service/runs/run_state_machine.py::record_event) and a new incident
 (service/recovery/signals.py::open_incident); goodput.low from its watcher. The payload is
 everything a receiver needs, fixed at the time of the event (service/notifications/render.py
 turns it into JSON or a Slack message when it is sent).

@@ -24,7 +24,7 @@ from service.models.base import utcnow
 from service.reconcile.submission import owners_own
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.slurm.client import SlurmClient, SlurmError
 
 log = logging.getLogger(__name__)

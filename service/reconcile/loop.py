@@ -20,8 +20,8 @@ from service.db import get_engine, session_scope
 from service.identity.gate import OwnerGate
 from service.leader import LeaderLock
 from service.models.base import utcnow
+from service.nodes.cluster_topology import record_topology
 from service.nodes.service import sync_from_slurm
-from service.nodes.topology import record_topology
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
 from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
 from service.recovery import ended_jobs, lighthouse
@@ -63,7 +63,7 @@ class Reconciler:
         topology = None
         if time.monotonic() - self._switches_read > TOPOLOGY_EVERY_S or not self._switches:
             # The nodes' groups (leaf switches or blocks) and the kind, which decides whether
-            # a model replica must stay inside its group (service/nodes/topology.py).
+            # a model replica must stay inside its group (service/nodes/cluster_topology.py).
             topology = self.slurm.topology()
             self._switches, self._switches_read = topology.group_of, time.monotonic()
         with session_scope() as session:

@@ -20,19 +20,19 @@ from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Node, NodeState, Run, RunState
-from service.nodes.lifecycle import node_event, set_node_state
-from service.nodes.topology import (
+from service.nodes.cluster_topology import (
     TopologyShape,
     block_placement,
     cluster_topology,
     group_nodes,
 )
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.runs import repository
-from service.runs.lifecycle import record_event
 from service.runs.planning import plan_layout, stored_plan
+from service.runs.run_state_machine import record_event
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
-from service.slurm.placement import choose_nodes, placed_groups, placement_cost
+from service.slurm.node_choice import choose_nodes, placed_groups, placement_cost
 from service.slurm.reservations import delete_reservation, run_of_reservation, run_reservation
 from service.slurm.snapshot import ClusterSnapshot
 

@@ -17,9 +17,9 @@ from service.db import session_scope
 from service.models import Attempt, AttemptState, Run, RunState
 from service.reconcile.placement import adopt_array_nodes
 from service.reconcile.verdict import judge_ended_attempt
-from service.recovery import timeline
+from service.recovery import incident_timeline
 from service.runs import repository
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.slurm.client import JobStatus, SlurmClient
 from service.slurm.hostlist import expand_hostlist
 
@@ -120,7 +120,7 @@ def apply_observation(session: Session, obs: Observed, prefix: str) -> None:
     if status is not None and status.is_live:
         if status.state == "RUNNING" and attempt.state == AttemptState.PENDING:
             set_attempt_state(session, run, attempt, AttemptState.RUNNING, f"on {status.node_list}")
-            timeline.attempt_running(session, run.id)
+            incident_timeline.attempt_running(session, run.id)
         if status.state == "RUNNING" and run.state == RunState.PENDING:
             set_run_state(
                 session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt

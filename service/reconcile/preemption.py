@@ -17,7 +17,7 @@ from service.models import Attempt, AttemptState, Run, RunState
 from service.models.base import utcnow
 from service.recovery import slow_nodes
 from service.runs import repository
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.runs.stop_requests import request_stop, stop_text
 from service.slurm.client import SlurmClient

@@ -23,15 +23,15 @@ from contract import StopReason
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import session_scope
-from service.identity.run_owner import adopt_owner, owner_of
+from service.identity.owner_folders import attempt_folder, checkpoint_folder, owner_roots
+from service.identity.service import adopt_owner, owner_of
 from service.models import ApiToken, Attempt, AttemptState, Role, Run, RunState, TokenOrigin
 from service.models.base import utcnow
-from service.recovery import fast_path, sdc, timeline
+from service.recovery import fast_path, incident_timeline, sdc
 from service.recovery.fast_path import replica_groups
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
-from service.runs.folders import attempt_folder, checkpoint_folder, owner_roots
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.owner import OwnerAccessError, OwnerFailure
@@ -161,7 +161,7 @@ def submit_attempts(
                 AttemptState.PENDING,
                 f"Slurm job {job_id} queued on {req.nodelist}",
             )
-            timeline.attempt_submitted(session, owner.id)
+            incident_timeline.attempt_submitted(session, owner.id)
         log.info("submitted %s as Slurm job %s", req.job_name, job_id)
 
 

@@ -15,7 +15,8 @@ from sqlalchemy import select
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
-from service.identity.run_owner import owner_of
+from service.identity.owner_folders import checkpoint_folder, owner_roots
+from service.identity.service import owner_of
 from service.models import AttemptState, Run, RunState, Sweep
 from service.models.base import utcnow
 from service.reconcile.submission import (
@@ -25,11 +26,10 @@ from service.reconcile.submission import (
     new_attempt,
     owners_own,
 )
-from service.recovery import timeline
+from service.recovery import incident_timeline
 from service.recovery.restart import set_stop_reason
 from service.runs import repository
-from service.runs.folders import checkpoint_folder, owner_roots
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from service.slurm.reservations import ensure_reservation
@@ -147,7 +147,7 @@ def _record_array(req: ArrayRequest, array_id: str, slurm: SlurmClient) -> None:
                 f"(at most {req.max_parallel} at once)",
             )
             if run.state == RunState.PENDING:
-                timeline.attempt_submitted(session, run.id)
+                incident_timeline.attempt_submitted(session, run.id)
     if orphaned:
         slurm.cancel(dict.fromkeys(orphaned, req.owner.unix_user))
 

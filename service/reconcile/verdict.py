@@ -17,7 +17,7 @@ from service.reconcile.preemption import attempt_stopped
 from service.recovery.fast_path import judge_group_ended
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 from service.slurm.client import JobStatus
 
 NODE_FAIL = "NODE_FAIL"  # Slurm's JobState for a job ended by one of its nodes failing

@@ -28,7 +28,7 @@ from service.models.base import utcnow
 from service.observability import metrics
 from service.recovery.signals import OPEN_STATES, open_incident
 from service.runs import repository
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 
 SIGNAL = "checkpoint:corrupt"  # the incidents' signal, and the alert's label
 
@@ -113,8 +113,8 @@ def found_corrupt_at_load(session: Session, attempt: Attempt) -> Checkpoint | No
 
 def attempt_ended(session: Session, run: Run, attempt: Attempt) -> None:
     """The attempt that found its resume checkpoint corrupt has ended: its incident's
-    recovery phase starts (recovery/timeline.py stamps the rest and resolves it at the next
-    attempt's first step)."""
+    recovery phase starts (recovery/incident_timeline.py stamps the rest and resolves it at the
+    next attempt's first step)."""
     incidents = session.scalars(
         select(Incident).where(
             Incident.run_id == run.id,

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from contract import StopReason
 from planner import reliability
 from service.config import Settings
+from service.identity.owner_folders import attempt_folder
 from service.models import (
     Attempt,
     AttemptState,
@@ -42,14 +43,13 @@ from service.models import (
     RunState,
 )
 from service.nodes import repository as nodes_repo
-from service.nodes.lifecycle import node_event, set_node_state
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.recovery import sdc, spares
 from service.recovery.paths import choose_recovery_path
 from service.recovery.restart import end_attempt_and_restart, set_stop_reason
 from service.runs import repository, rollback
-from service.runs.folders import attempt_folder
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
-from service.slurm.placement import choose_replacement
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
+from service.slurm.node_choice import choose_replacement
 from service.slurm.submit import job_name
 
 log = logging.getLogger(__name__)

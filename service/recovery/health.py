@@ -12,7 +12,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import Node, NodeState, RecoveryAction
 from service.models.base import utcnow
-from service.nodes.lifecycle import set_node_state
+from service.nodes.node_state_machine import set_node_state
 from service.recovery.signals import open_incident
 from service.recovery.spares import nodes_held_by_runs
 from service.slurm.snapshot import ClusterSnapshot, is_down

@@ -31,7 +31,7 @@ from service.db import session_scope
 from service.models import Incident, Node, NodeEvent, NodeState, RecoveryAction
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
-from service.nodes.lifecycle import ADMIN_DRAIN_EVENT, drained_by_runyard, set_node_state
+from service.nodes.node_state_machine import ADMIN_DRAIN_EVENT, drained_by_runyard, set_node_state
 from service.observability.logging import log_context
 from service.recovery.health import HEARTBEAT_LOST
 from service.slurm.client import SlurmClient

@@ -15,7 +15,7 @@ from sqlalchemy.orm import selectinload
 from contract import StopReason
 from service.config import Settings
 from service.db import session_scope
-from service.identity.run_owner import owner_of
+from service.identity.service import owner_of
 from service.models import Attempt, Incident, IncidentState, RecoveryAction, Run
 from service.models.base import utcnow
 from service.observability import metrics

@@ -1,7 +1,7 @@
 """A failed node: drain it, and move each run on it to a hot spare.
 
 The spare comes from the pool (recovery/spares.py), on a leaf switch the run already uses
-first (slurm/placement.choose_replacement), so the replacement keeps the run's network
+first (slurm/node_choice.choose_replacement), so the replacement keeps the run's network
 locality. With no spare left, the run keeps its healthy nodes and waits: placement
 (reconcile/placement.py) then gives it a free node, or shrinks it to min_nodes.
 A node failure never counts against the run's max_restarts (recovery/restart.py).
@@ -17,16 +17,16 @@ from service.db import session_scope
 from service.models import Incident, IncidentState, Node, NodeState, Run, RunState
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
-from service.nodes.lifecycle import node_event, set_node_state
-from service.nodes.topology import cluster_topology, group_nodes
+from service.nodes.cluster_topology import cluster_topology, group_nodes
+from service.nodes.node_state_machine import node_event, set_node_state
 from service.observability import metrics
 from service.recovery.fast_path import move_group_to_spare, replica_groups
 from service.recovery.restart import end_attempt_and_restart
 from service.recovery.spares import spare_nodes
 from service.runs import repository as runs_repo
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.slurm.client import SlurmClient
-from service.slurm.placement import choose_replacement, replica_of
+from service.slurm.node_choice import choose_replacement, replica_of
 
 RUNS_TO_MOVE = (RunState.PENDING, RunState.RUNNING)
 

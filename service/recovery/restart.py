@@ -8,7 +8,7 @@ from contract import StopReason
 from service.models import Attempt, AttemptState, CheckpointState, Run, RunState
 from service.recovery import checkpoints, repeats, sdc
 from service.runs import repository, rollback
-from service.runs.lifecycle import set_attempt_state, set_run_state
+from service.runs.run_state_machine import set_attempt_state, set_run_state
 
 # Causes that may turn out to be a corrupt checkpoint or a repeat of the last failure.
 _SOFTWARE = (StopReason.JOB_FAILED, StopReason.RECOVERY_RESTART)

@@ -37,7 +37,7 @@ from service.models import Attempt, CheckpointState, Incident, Run
 from service.models.base import utcnow
 from service.recovery import claims
 from service.runs import repository
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.worker_protocol.schemas import ErrorReport
 
 REPORT = "worker:sdc"  # the kind the worker reports (worker/reporter.py)

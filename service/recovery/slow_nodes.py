@@ -27,7 +27,7 @@ from service.nodes import repository as nodes_repo
 from service.nodes.stragglers import Judged
 from service.recovery import claims
 from service.recovery.spares import spare_nodes
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.runs.stop_requests import request_stop
 
 SIGNAL = claims.SLOW_SIGNAL  # the incidents' signal, and the alert's label

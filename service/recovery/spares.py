@@ -13,7 +13,7 @@ from planner import reliability
 from service.config import Settings
 from service.db import session_scope
 from service.models import ClusterSetting, Node, NodeState, Run, RunState
-from service.nodes.lifecycle import set_node_state
+from service.nodes.node_state_machine import set_node_state
 from service.slurm.client import SlurmClient
 from service.slurm.reservations import ensure_reservation, spare_reservation
 from service.slurm.snapshot import ClusterSnapshot

@@ -3,8 +3,8 @@
 The same judgement as the RunyardGoodputLow alert (deploy/prometheus/runyard-rules.yml):
 goodput below the plan's, once the run has held its nodes for goodput_low_after_s
 (start-up counts as lost time, so every run starts "low"). Told once per run, through the
-notifications' outbox; judged every minute by the delivery thread (service/notifications/
-loop.py, which service/integrations.py hands this judge).
+notifications' outbox; judged every minute by the delivery thread
+(service/notifications/delivery_loop.py, which service/integrations.py hands this judge).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from service.config import Settings
 from service.models import Checkpoint, CheckpointState, Incident, Node, PlanOutcome, RecoveryAction
 from service.models.base import utcnow
 from service.runs.goodput_figures import checkpoint_stall_s
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.runs.schemas import RunSpec
 
 # The Gamma prior's weight: one failure's worth of exposure at the published rate (the

@@ -21,8 +21,7 @@ from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, InvalidSpec, NotFound
 from service.identity.gate import OwnerGate
-from service.identity.run_owner import owner_of
-from service.identity.service import OwnerUnavailable
+from service.identity.service import OwnerUnavailable, owner_of
 from service.models import Attempt, AttemptState, Run, RunState
 from service.runs.service import require_run
 from service.slurm.commands import SlurmError

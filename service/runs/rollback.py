@@ -31,7 +31,7 @@ from contract import StopReason
 from contract.run_config import DataSkip, SpikeRule
 from service.models import Attempt, Run
 from service.runs import repository
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 from service.runs.schemas import RunSpec
 
 ANOMALY = "worker:anomaly"  # the kind the worker reports (worker/reporter.py)

@@ -18,16 +18,16 @@ from service.auth.principal import Principal
 from service.auth.service import audit
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
+from service.identity.owner_folders import checkpoint_folder, owner_root
 from service.identity.service import owner_for
 from service.models import Attempt, AttemptState, Run, RunState, Team
 from service.plans.service import calibration_for
 from service.runs import live_interval, plan_outcomes, repository
 from service.runs.environment import script_python
-from service.runs.folders import checkpoint_folder, owner_root
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.goodput_figures import Goodput
-from service.runs.lifecycle import record_event, set_run_state
 from service.runs.planning import acts_as_owner, replica_groups_of, resolve, stored_plan
+from service.runs.run_state_machine import record_event, set_run_state
 from service.runs.schemas import (
     AttemptOut,
     HfModelSpec,

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from contract import StopReason
 from service.models import Attempt, Run
 from service.models.base import utcnow
-from service.runs.lifecycle import record_event
+from service.runs.run_state_machine import record_event
 
 STOP_TEXT = {
     StopReason.TIME_LIMIT: "segment time limit",

@@ -75,7 +75,7 @@ class AttemptRequest:
     # and be the owner's (an admin makes them), so no one else can make the run's first.
     owner_roots: tuple[Path, ...] = ()
     # topology/block: each this many nodes (a model replica's) inside one block, asked as
-    # `--segment` (Slurm 24.05+); None elsewhere (service/nodes/topology.py).
+    # `--segment` (Slurm 24.05+); None elsewhere (service/nodes/cluster_topology.py).
     segment: int | None = None
 
     @property

@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session
 from service.auth.principal import Principal
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound
+from service.identity.owner_folders import owner_root
 from service.identity.service import owner_for
 from service.models import Run, RunState, Sweep
 from service.runs import repository
-from service.runs.folders import owner_root
 from service.runs.service import cancel_run, check_quota, create_run, dry_run
 from service.slurm.submit import sweep_job_name
 from service.sweeps.grid import expand

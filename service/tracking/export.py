@@ -25,7 +25,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.models import ExportState, Run, TrackerExport
 from service.models.base import utcnow
-from service.tracking import timeline
+from service.tracking import exportable
 from service.tracking.records import (
     FinalSummary,
     Held,
@@ -74,7 +74,7 @@ class Exporter:
                 return False
             run = session.get(Run, export.run_id)
             assert run is not None
-            tracked = timeline.tracked_run(run)
+            tracked = exportable.tracked_run(run)
             known_id = export.tracker_run_id
             cursor, sent = export.exported_step, set(export.exported_event_ids)
         opened = self.opened.get(export_id)
@@ -149,14 +149,14 @@ class Exporter:
         export = self._row(session, export_id)
         run = session.get(Run, export.run_id)
         assert run is not None
-        settled = timeline.settled_step(session, run)
-        rows = timeline.step_rows(session, run, cursor, settled) if settled > cursor else []
-        events = timeline.new_events(session, run.id, sent)
+        settled = exportable.settled_step(session, run)
+        rows = exportable.step_rows(session, run, cursor, settled) if settled > cursor else []
+        events = exportable.new_events(session, run.id, sent)
         through = rows[-1].step if rows else max(cursor, settled)
         if rows:
             last = rows[-1]
             rows[-1] = StepRow(
-                last.step, {**last.figures, **timeline.goodput_figures(session, run)}
+                last.step, {**last.figures, **exportable.goodput_figures(session, run)}
             )
         elif through > cursor:
             # Settled steps with no row (lost before this version flushed them): the cursor
@@ -164,7 +164,7 @@ class Exporter:
             return Batch([], events, through, None)
         final = None
         if run.state.is_terminal and not rows and not events and through >= settled:
-            final = timeline.final_summary(session, run)
+            final = exportable.final_summary(session, run)
         return Batch(rows, events, through, final)
 
     def _row(self, session: Session, export_id: int) -> TrackerExport:

@@ -1,6 +1,6 @@
 """TensorBoard: event files under <tensorboard_root>/<team>/<run id>-<name>/, written with
 TensorBoard's own event-file writer and protos (no TensorFlow, no torch); folders 0750 and
-files 0640 (service/tracking/folders.py).
+files 0640 (service/tracking/team_folders.py).
 
 Each figure is a scalar at its step; events and the end are text entries (TensorBoard's
 text plugin) tagged `runyard/events` and `runyard/final`. A service restart writes a new
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from service.config import Settings
-from service.tracking.folders import private_files, team_folder
 from service.tracking.records import FinalSummary, Held, StepRow, TrackedEvent, TrackedRun
+from service.tracking.team_folders import private_files, team_folder
 
 EVENTS_TAG = "runyard/events"
 FINAL_TAG = "runyard/final"

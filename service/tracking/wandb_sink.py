@@ -1,8 +1,8 @@
 """Weights & Biases: one W&B run per runyard run, id `runyard-<run id>`, resumed across
 attempts and service restarts; offline by default (run folders under
 <wandb_dir>/<team>/wandb/, for `wandb sync`; the team's folder 0750 and setgid, so what
-wandb writes under it is no one else's: service/tracking/folders.py), online where the site
-sets it.
+wandb writes under it is no one else's: service/tracking/team_folders.py), online where the
+site sets it.
 
 Each step is a history row at its step; events are W&B alerts titled with their event id;
 the end is the run's summary and exit code. What the run already holds is read back from
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from service.config import Settings
-from service.tracking.folders import team_folder
 from service.tracking.records import FinalSummary, Held, StepRow, TrackedEvent, TrackedRun
+from service.tracking.team_folders import team_folder
 from service.tracking.wandb_log import read_run, run_files
 
 EVENT_TITLE = re.compile(r"\[event (\d+)\]")

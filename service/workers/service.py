@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings, get_settings
 from service.errors import Conflict, InvalidSpec, NotFound
+from service.identity.owner_folders import checkpoint_folder
 from service.models import (
     Attempt,
     AttemptState,
@@ -23,11 +24,10 @@ from service.models import (
 from service.models.base import utcnow
 from service.nodes import repository as nodes_repo
 from service.nodes import stragglers
-from service.recovery import sdc, slow_nodes, timeline
+from service.recovery import incident_timeline, sdc, slow_nodes
 from service.recovery.checkpoints import mark_corrupt
 from service.runs import live_interval, plan_outcomes, repository
-from service.runs.folders import checkpoint_folder
-from service.runs.lifecycle import record_event, set_attempt_state, set_run_state
+from service.runs.run_state_machine import record_event, set_attempt_state, set_run_state
 from service.runs.schemas import RunSpec
 from service.worker_protocol.schemas import (
     CheckpointReport,
@@ -60,7 +60,7 @@ def mark_running(session: Session, run: Run, attempt: Attempt) -> None:
         return
     if attempt.state == AttemptState.PENDING:
         set_attempt_state(session, run, attempt, AttemptState.RUNNING)
-        timeline.attempt_running(session, run.id)
+        incident_timeline.attempt_running(session, run.id)
     if run.state == RunState.PENDING:
         set_run_state(session, run, RunState.RUNNING, f"attempt {attempt.number} running", attempt)
 
@@ -121,7 +121,7 @@ def record_progress(
         if attempt.first_step is None:
             attempt.first_step = min(m.step for m in fresh)
             attempt.first_step_at = now
-            timeline.first_step(session, run.id, attempt.first_step)
+            incident_timeline.first_step(session, run.id, attempt.first_step)
         # Predicted vs measured (runs/plan_outcomes.py); with a fresh measurement, the run's
         # checkpoint interval from the failures the cluster has (runs/live_interval.py).
         if plan_outcomes.refresh_measurements(session, run):

@@ -71,7 +71,7 @@ def test_the_rules_read_metrics_the_service_exports() -> None:
 def test_the_integrations_gauges_are_read_from_postgres(database_url: str) -> None:
     """The alerts on trackers and notifications read gauges made at scrape time: the
     collector answers on the real (migrated) database instead of logging an error."""
-    from service.tracking.metrics import IntegrationsCollector
+    from service.tracking.integration_gauges import IntegrationsCollector
 
     names = {family.name for family in IntegrationsCollector().collect()}
     assert names == {

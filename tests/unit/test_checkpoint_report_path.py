@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from service.config import get_settings
+from service.identity.owner_folders import checkpoint_folder
 from service.models import AttemptState, Run, RunState
-from service.runs.folders import checkpoint_folder
 from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
 
 

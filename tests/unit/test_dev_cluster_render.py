@@ -38,7 +38,7 @@ def test_bad_shapes_are_refused(nodes: int, leaf: int) -> None:
 
 
 def test_placement_packs_into_the_fewest_switches() -> None:
-    from service.slurm.placement import choose_nodes, choose_replacement, placement_cost
+    from service.slurm.node_choice import choose_nodes, choose_replacement, placement_cost
 
     free = [
         ("gpu001", "leaf1"),

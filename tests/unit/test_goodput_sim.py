@@ -12,7 +12,7 @@ from planner import reliability
 from service.models import RecoveryAction
 from service.reconcile import placement as run_placement
 from service.recovery import classification, paths, spares
-from service.slurm import placement as slurm_placement
+from service.slurm import node_choice
 from sim.engine import SimConfig, SimResult, Simulation, simulate
 from sim.ledger import Use
 from sim.run_shape import planned_run
@@ -45,7 +45,7 @@ def test_the_spare_choice_is_the_services(monkeypatch: pytest.MonkeyPatch) -> No
     config = SimConfig(days=DAYS, scale=3, seed=2)
     before = simulate(config)
     assert before.spares_used > 0 and before.nodes_without_spare == 0
-    monkeypatch.setattr(slurm_placement, "choose_replacement", lambda spares, keep: None)
+    monkeypatch.setattr(node_choice, "choose_replacement", lambda spares, keep: None)
     after = simulate(config)
     assert after.spares_used == 0 and after.nodes_without_spare == before.drained
     assert after.badput["waiting_spare"] > before.badput["waiting_spare"]

@@ -7,7 +7,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.models import Attempt, AttemptState, Run, RunEvent, RunState
-from service.runs.lifecycle import IllegalTransition, set_attempt_state, set_run_state
+from service.runs.run_state_machine import IllegalTransition, set_attempt_state, set_run_state
 
 
 def make_run(session: Session) -> Run:

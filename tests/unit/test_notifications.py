@@ -26,7 +26,7 @@ from service.models import (
 )
 from service.notifications import delivery, egress, render
 from service.recovery.signals import open_incident
-from service.runs.lifecycle import set_run_state
+from service.runs.run_state_machine import set_run_state
 from tests.conftest import wait_for
 from tests.fixtures.rows import add_run
 from tests.fixtures.webhook_receiver import WebhookReceiver
@@ -166,7 +166,7 @@ def test_a_slack_subscription_gets_a_readable_message(
 ) -> None:
     subscribe(db_session, "vision", receiver.url, ["rollback"], fmt="slack")
     run = add_run(db_session, RunState.RUNNING, team="vision", name="llama-70b")
-    from service.runs.lifecycle import record_event
+    from service.runs.run_state_machine import record_event
 
     record_event(
         db_session,

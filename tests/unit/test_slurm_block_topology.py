@@ -10,7 +10,7 @@ import pytest
 
 from client.devcluster.render import ClusterShape, render
 from planner.blocks import block_plan, replica_nodes
-from service.slurm.placement import choose_nodes
+from service.slurm.node_choice import choose_nodes
 
 
 def test_a_block_cluster_describes_its_leaves_as_blocks_with_aligned_sizes(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from service.auth.principal import Principal
 from service.config import get_settings
 from service.models import Role, Run, RunState, Sweep, UserLink
-from service.runs.lifecycle import set_run_state
+from service.runs.run_state_machine import set_run_state
 from service.sweeps.schemas import SweepSpec
 from service.sweeps.service import cancel_sweep, create_sweep, members
 from tests.unit.test_api_validation import good_spec

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 from service.config import Settings, get_settings
 from service.models import RunState
 from service.runs.tracking_spec import TrackingSpec, outside_namespace
-from service.tracking.folders import team_folder
+from service.tracking.exportable import tracked_run
+from service.tracking.team_folders import team_folder
 from service.tracking.tensorboard_sink import TensorBoardSink
-from service.tracking.timeline import tracked_run
 from service.tracking.wandb_sink import WandbSink
 from tests.fixtures.rows import add_run
 

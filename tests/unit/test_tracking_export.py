@@ -26,10 +26,10 @@ from service.models import (
     TrackerExport,
     TrackerKind,
 )
-from service.runs.lifecycle import record_event, set_run_state
-from service.tracking import timeline
+from service.runs.run_state_machine import record_event, set_run_state
+from service.tracking import exportable
 from service.tracking.export import Exporter
-from service.tracking.loop import ensure_exports
+from service.tracking.export_loop import ensure_exports
 from service.tracking.tensorboard_sink import TensorBoardSink, read_folder, texts
 from service.tracking.wandb_log import read_run
 from service.tracking.wandb_sink import WandbSink, wait_for_a_new_folder_name
@@ -152,8 +152,8 @@ def test_an_exporter_killed_after_a_send_resumes_from_what_the_tracker_holds(
     train(db_session, run, second, range(31, 61), [40, 50, 60])
     set_run_state(db_session, run, RunState.SUCCEEDED, "trained every step")
     # The next batch reaches TensorBoard, and the process dies before recording it.
-    tracked = timeline.tracked_run(run)
-    rows = timeline.step_rows(db_session, run, 30, 60)
+    tracked = exportable.tracked_run(run)
+    rows = exportable.step_rows(db_session, run, 30, 60)
     first_process.sink.log(export.tracker_run_id or "", tracked, rows, [], 60)
     first_process.sink.release(export.tracker_run_id or "")
     db_session.refresh(export)
@@ -173,9 +173,9 @@ def test_sdc_checks_hold_the_export_back_to_the_last_clean_comparison(
     db_session: Session,
 ) -> None:
     run, _ = a_run_that_lost_a_node(db_session, {"tensorboard": True})
-    assert timeline.settled_step(db_session, run) == 30
+    assert exportable.settled_step(db_session, run) == 30
     run.config = {**run.config, "sdc_clean_step": 25}
-    assert timeline.settled_step(db_session, run) == 25
+    assert exportable.settled_step(db_session, run) == 25
 
 
 def test_wandb_offline_run_is_one_run_with_each_step_once(
@@ -188,8 +188,8 @@ def test_wandb_offline_run_is_one_run_with_each_step_once(
     first_process = Exporter(WandbSink(settings), settings, sessions=lambda: the_same(db_session))
     export = export_all(first_process, db_session, TrackerKind.WANDB)
     train(db_session, run, second, range(31, 61), [40, 50, 60])
-    tracked = timeline.tracked_run(run)
-    rows = timeline.step_rows(db_session, run, 30, 50)  # sent, then the service died
+    tracked = exportable.tracked_run(run)
+    rows = exportable.step_rows(db_session, run, 30, 50)  # sent, then the service died
     first_process.sink.log(export.tracker_run_id or "", tracked, rows, [], 50)
     first_process.sink.release(export.tracker_run_id or "")
     set_run_state(db_session, run, RunState.SUCCEEDED, "trained every step")

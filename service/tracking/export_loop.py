@@ -1,9 +1,9 @@
 """The exporters: one thread per tracker kind, each led by one service process at a time.
 
-Each kind has its own Postgres advisory lock (as the reconciler has, service/reconcile/
-leader.py), so two replicas never export the same run to the same tracker at once, and
-its own thread, so a slow or unreachable MLflow server delays neither TensorBoard nor W&B,
-nor the reconciler, nor any request; training never talks to a tracker at all.
+Each kind has its own Postgres advisory lock (as the reconciler has, service/leader.py), so
+two replicas never export the same run to the same tracker at once, and its own thread, so
+a slow or unreachable MLflow server delays neither TensorBoard nor W&B, nor the reconciler,
+nor any request; training never talks to a tracker at all.
 """
 
 from __future__ import annotations
