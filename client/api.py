@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Any
 
 import httpx
+from runyard_client.errors import InsecureTransport
+from runyard_client.tls import ENV_CA, check_token_transport, client_context, is_loopback
 
+from client.dev_state import dev_ca_file
 from client.token_store import TokenSource, resolve_token
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_PORT = 8000
+
+
+def default_url() -> str:
+    """RUNYARD_URL's default: the dev cluster's service on this host (HTTPS once it has made
+    its CA, as `runyard dev up` does)."""
+    scheme = "https" if dev_ca_file().exists() else "http"
+    return f"{scheme}://127.0.0.1:{DEFAULT_PORT}"
+
+
+def ca_for(url: str) -> str | None:
+    """The CA bundle to verify `url` with: RUNYARD_CA, else the dev cluster's own CA for a
+    loopback URL (where the dev cluster serves), else None (the system's store)."""
+    if named := os.environ.get(ENV_CA):
+        return named
+    if is_loopback(url) and dev_ca_file().exists():
+        return str(dev_ca_file())
+    return None
 
 
 class ApiError(Exception):
@@ -20,25 +41,56 @@ class ApiError(Exception):
         self.message, self.status, self.body = message, status, body
 
 
+class InsecureUrl(ApiError):
+    """RUNYARD_URL would carry a token in clear to another host, or RUNYARD_CA is not a CA
+    bundle: bad input on the caller's side, refused before anything is sent."""
+
+
 class RunyardClient:
     def __init__(
         self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
     ) -> None:
-        self.url = (url or os.environ.get("RUNYARD_URL") or DEFAULT_URL).rstrip("/")
+        self.url = (url or os.environ.get("RUNYARD_URL") or default_url()).rstrip("/")
         # Which token, in order: the caller's, then client/token_store.py's.
         self.token_source = TokenSource.GIVEN
         if not token:
             token, self.token_source = resolve_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        # HTTPS verified against RUNYARD_CA or the system's store (runyard_client.tls); a
+        # token never goes over plain HTTP to another host: every call is refused before
+        # any byte is sent (the refusal waits for the first call, so building a client
+        # never raises).
+        self._refusal: str | None = None
+        verify: ssl.SSLContext | bool = True
+        try:
+            if token:
+                check_token_transport(self.url)
+            verify = client_context(ca_for(self.url))
+        except (InsecureTransport, ValueError) as exc:
+            self._refusal = str(exc)
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, verify=verify
+        )
 
     def _call(self, method: str, path: str, *, anonymous: bool = False, **kwargs: Any) -> Any:
         """One request; `anonymous`: without the token (a login proves who calls itself)."""
+        if self._refusal is not None:
+            raise InsecureUrl(self._refusal)
         try:
             request = self._http.build_request(method, path, **kwargs)
             if anonymous:
                 request.headers.pop("Authorization", None)
             response = self._http.send(request)
+        except httpx.ConnectError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise ApiError(
+                    f"the service's certificate at {self.url} failed verification ({exc}); "
+                    "set RUNYARD_CA to the CA that signed it"
+                ) from exc
+            raise ApiError(
+                f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
+                "start it with `runyard dev up` or set RUNYARD_URL"
+            ) from exc
         except httpx.HTTPError as exc:
             raise ApiError(
                 f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
@@ -165,7 +217,17 @@ class RunyardClient:
 
     # logging in, and one's own tokens
     def log_in(self, credential: str) -> dict[str, Any]:
+        """Trade a MUNGE credential for a token: both secrets, so never in clear across a
+        network (the credential could be replayed before it reaches the service)."""
+        try:
+            check_token_transport(self.url)
+        except InsecureTransport as exc:
+            raise InsecureUrl(str(exc)) from None
         return self._call("POST", "/v1/auth/login", anonymous=True, json={"credential": credential})
+
+    def check_credential(self, credential: str) -> dict[str, Any]:
+        """Whose the service says a MUNGE credential is (no token made): the doctor's."""
+        return self._call("POST", "/v1/auth/check", anonymous=True, json={"credential": credential})
 
     def log_out(self) -> dict[str, Any]:
         return self._call("POST", "/v1/auth/logout")

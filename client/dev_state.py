@@ -24,3 +24,9 @@ def default_state_dir(slurm_prefix: Path | None = None) -> Path:
     prefix = slurm_prefix or default_slurm_prefix()
     name = f"dev-{prefix.name}" if prefix else "dev"
     return Path(os.environ.get("RUNYARD_DEV_DIR", REPO_ROOT / ".runyard" / name)).resolve()
+
+
+def dev_ca_file() -> Path:
+    """The dev cluster's CA certificate (client/devcluster/tls.py), which the CLI trusts for
+    loopback URLs when RUNYARD_CA names none."""
+    return default_state_dir() / "tls" / "ca.pem"

@@ -22,5 +22,6 @@ cd "$SRC"
 # wandb) is another process's, often another user's, and every export to W&B then failed to
 # connect. The service starts its own.
 unset WANDB_SERVICE
-exec "$PYTHON" -m uvicorn service.app:create_app --factory \
-  --host "${RUNYARD_HOST:-127.0.0.1}" --port "${RUNYARD_PORT:-8000}"
+# service/serve.py: uvicorn on RUNYARD_HOST:RUNYARD_PORT, HTTPS with RUNYARD_TLS_CERT_FILE
+# and _KEY_FILE (plain HTTP it serves on a loopback address only).
+exec "$PYTHON" -m service.serve

@@ -51,6 +51,13 @@ class Settings(
     """One source of truth for everything an operator can tune: every area's settings."""
 
     @property
+    def api_url(self) -> str:
+        """Where workers and agents reach the API: public_url, else this host's address,
+        HTTPS when the API serves it."""
+        scheme = "https" if self.tls_cert_file is not None else "http"
+        return self.public_url or f"{scheme}://{self.host}:{self.port}"
+
+    @property
     def slurm_job_prefix(self) -> str:
         if self.job_prefix:
             return self.job_prefix

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from client.api import ApiError, RunyardClient
+from client.api import ApiError, InsecureUrl, RunyardClient
 from client.output import Exit, fail
 from client.token_store import TokenSource
 
@@ -18,11 +18,17 @@ def call(fn: Callable[[RunyardClient], T]) -> T:
     try:
         return fn(client)
     except ApiError as exc:
-        if exc.status is None:
-            fail(exc.message, Exit.UNREACHABLE)
         if exc.status == 401 and client.token_source == TokenSource.LOGIN:
             fail(login_refused(exc), Exit.ERROR)
-        fail(exc.message, Exit.ERROR)
+        fail(exc.message, exit_for(exc))
+
+
+def exit_for(exc: ApiError) -> int:
+    """The README's exit code for a failed call: 2 for a URL or CA that cannot carry a
+    token safely (bad input), 3 when no answer came, 1 when the service refused."""
+    if isinstance(exc, InsecureUrl):
+        return Exit.USAGE
+    return Exit.UNREACHABLE if exc.status is None else Exit.ERROR
 
 
 def login_refused(exc: ApiError) -> str:

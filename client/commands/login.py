@@ -12,6 +12,7 @@ import os
 import typer
 
 from client.api import ApiError, RunyardClient
+from client.commands.common import exit_for
 from client.munge import CredentialError, login_credential
 from client.output import Exit, console, fail, hint, print_json, short_time
 from client.token_store import forget_token, save_token, saved_token, saved_token_path
@@ -29,7 +30,7 @@ def login(json: bool = JSON) -> None:
     try:
         answer = client.log_in(credential)
     except ApiError as exc:
-        fail(exc.message, Exit.UNREACHABLE if exc.status is None else Exit.ERROR)
+        fail(exc.message, exit_for(exc))
     path = save_token(answer.pop("token"))
     if json:
         return print_json({**answer, "saved_to": str(path)})

@@ -41,10 +41,6 @@ class ServerSettings(AreaSettings):
     )
 
     @property
-    def api_url(self) -> str:
-        return self.public_url or f"http://{self.host}:{self.port}"
-
-    @property
     def checkpoints_dir(self) -> Path:
         return self.checkpoint_root or self.state_dir / "checkpoints"
 

@@ -13,10 +13,11 @@ from service.config_areas.base import AreaSettings
 class TlsSettings(AreaSettings):
     """HTTPS (TLS).
 
-    The certificate and key the API serves HTTPS with, the CA whose client certificates it
-    verifies (mutual TLS), and how early `runyard doctor` warns of the certificate's
-    expiry. Without a certificate the API speaks plain HTTP. Not yet in force: the API
-    does not read these yet, and serves plain HTTP whatever they say."""
+    The certificate and key the API serves HTTPS with (service/serve.py), the CA the
+    workers and agents verify it with, the CA whose client certificates it verifies
+    (mutual TLS), and how early `runyard doctor` warns of the certificate's expiry.
+    Without a certificate the API speaks plain HTTP, and only on a loopback address: it
+    refuses to start on any other."""
 
     tls_cert_file: Path | None = Field(
         default=None,
@@ -26,6 +27,11 @@ class TlsSettings(AreaSettings):
     tls_key_file: Path | None = Field(
         default=None,
         description="PEM private key of tls_cert_file, readable by the service alone.",
+    )
+    ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle that signed tls_cert_file, handed to every job as "
+        "RUNYARD_CA: the workers verify the service with it (None: the system's store).",
     )
     tls_client_ca_file: Path | None = Field(
         default=None,

@@ -41,6 +41,9 @@ class SubmitSettings:
     partition: str
     api_url: str
     worker_python: str | None
+    # The CA the job's workers verify the service's certificate with (RUNYARD_CA in the
+    # job's environment); None: the system's store.
+    ca_file: str | None = None
     # The owner's files: folders team-readable, nothing for others (docs/install.md).
     umask: int = 0o027
 
@@ -50,6 +53,7 @@ class SubmitSettings:
             partition=settings.partition,
             api_url=settings.api_url,
             worker_python=settings.worker_python,
+            ca_file=None if settings.ca is None else str(settings.ca),
             umask=settings.umask,
         )
 
@@ -183,6 +187,8 @@ def sbatch_parameters(
     # The umask first: logs, results and checkpoints the job writes are the owner's and
     # readable by the team only (the site's choice: RUNYARD_RUN_UMASK).
     params["setup"] = [f"umask {settings.umask:04o}", req.token_setup]
+    if settings.ca_file is not None:
+        params["setup"].append(f"export RUNYARD_CA={shlex.quote(settings.ca_file)}")
     if isinstance(req, ArrayRequest):
         # submitit turns a batch of submissions into `--array=0-(n-1)%array_parallelism`.
         params["array_parallelism"] = req.max_parallel

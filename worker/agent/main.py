@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 
 import httpx
+from runyard_client.errors import InsecureTransport
+from runyard_client.tls import check_token_transport, client_context
 
 from worker.agent.nvml import NvmlWatcher
 from worker.agent.outbox import Outbox
@@ -74,7 +76,12 @@ class Agent:
         self.kmsg_fd = None if args.kernel_log else self._open_kmsg()
         self.nvml = NvmlWatcher()
         self.stop = threading.Event()
-        self.client = httpx.Client(base_url=args.service_url, timeout=5.0, headers=headers())
+        # The node's token goes to the service over HTTPS verified against RUNYARD_CA (or
+        # the system's store), or over plain HTTP to loopback only (runyard_client.tls).
+        check_token_transport(args.service_url)
+        self.client = httpx.Client(
+            base_url=args.service_url, timeout=5.0, headers=headers(), verify=client_context()
+        )
 
     def _open_kmsg(self) -> int | None:
         try:
@@ -158,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{args.node}] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    agent = Agent(args)
+    try:
+        agent = Agent(args)
+    except (InsecureTransport, ValueError) as refused:
+        raise SystemExit(f"runyard agent: {refused}") from None
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     agent.run()

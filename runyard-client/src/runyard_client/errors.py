@@ -36,6 +36,12 @@ class ServiceUnreachable(RequestError):
     retryable = True
 
 
+class InsecureTransport(RequestError):
+    """A bearer token would cross the network in clear (plain HTTP to another host), or the
+    service's certificate failed verification: no other try can help until the URL or
+    RUNYARD_CA changes."""
+
+
 class ServiceError(RequestError):
     """The service answered with an error status; `code` and `detail` are from its
     `{"error": ..., "detail": ...}` body when it sent one."""

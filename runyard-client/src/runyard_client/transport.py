@@ -18,14 +18,16 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
-from .errors import RequestError, ServiceError, ServiceUnreachable
+from .errors import InsecureTransport, RequestError, ServiceError, ServiceUnreachable
 from .protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, REPORT_REQUEST_TIMEOUT_S
+from .tls import ca_file, check_token_transport, client_context
 
 ENV_TOKEN = "RUNYARD_TOKEN"  # the job's bearer token (a worker token of its attempt)
 
@@ -54,7 +56,21 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
 
 
 # Thread-safe: an opener keeps no state between requests (no cookies, no connections).
-_OPENER = urllib.request.build_opener(_RefuseRedirects)
+# One per CA bundle (RUNYARD_CA, read at each request: a test or a launcher may set it
+# after this module was imported); HTTPS verifies the service's certificate and name.
+_OPENERS: dict[str | None, urllib.request.OpenerDirector] = {}
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    bundle = ca_file()
+    if bundle not in _OPENERS:
+        try:
+            context = client_context(bundle)
+        except ValueError as exc:
+            raise InsecureTransport(str(exc)) from None
+        https = urllib.request.HTTPSHandler(context=context)
+        _OPENERS[bundle] = urllib.request.build_opener(_RefuseRedirects, https)
+    return _OPENERS[bundle]
 
 
 def request(
@@ -69,10 +85,13 @@ def request(
 
     Raises ServiceError for a non-2xx answer and ServiceUnreachable when none came; a body
     with NaN or infinity raises ValueError (JSON has no form for them, nor has the API)."""
+    if any(name.lower() == "authorization" for name in headers):
+        check_token_transport(url)
     data = None if body is None else json.dumps(body, allow_nan=False).encode()
     prepared = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
+    opener = _opener()
     try:
-        with _OPENER.open(prepared, timeout=timeout_s) as reply:
+        with opener.open(prepared, timeout=timeout_s) as reply:
             content: bytes = reply.read()
             return content
     except urllib.error.HTTPError as answer:
@@ -84,6 +103,11 @@ def request(
         raise ServiceError(method, url, answer.code, error_body) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise InsecureTransport(
+                f"{method} {url}: the service's certificate failed verification "
+                f"({reason.verify_message}); set RUNYARD_CA to the CA that signed it"
+            ) from exc
         raise ServiceUnreachable(f"{method} {url}: {reason!r}") from exc
 
 
