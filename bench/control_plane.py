@@ -140,18 +140,23 @@ def mint_agent_tokens(url: str, names: list[str] | None = None) -> dict[str, str
 def start_service(
     url: str, dev: DevCluster, port: int, state: Path, *, reconciler: bool = True
 ) -> subprocess.Popen[bytes]:
+    # Plain HTTP on loopback (no RUNYARD_TLS_*): the bench's own connections (Connection)
+    # speak HTTP/1.1 without TLS, and measure the service, not the handshake.
+    machine = {k: v for k, v in os.environ.items() if not k.startswith("RUNYARD_TLS_")}
     env = {
-        **os.environ,
+        **machine,
         "RUNYARD_DATABASE_URL": url,
         "RUNYARD_STATE_DIR": str(state),
         "RUNYARD_SLURM_CONF": str(dev.slurm_conf),
         "SLURM_CONF": str(dev.slurm_conf),
         "RUNYARD_HEARTBEAT_SUSPECT_S": "60",
         "RUNYARD_RUN_RECONCILER": "true" if reconciler else "false",
+        "RUNYARD_HOST": "127.0.0.1",
+        "RUNYARD_PORT": str(port),
     }
     with open(state / "svc.log", "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [*service_argv(port), "--log-level", "warning"],
+            service_argv(),
             env=env,
             cwd=REPO_ROOT,
             stdout=subprocess.DEVNULL,

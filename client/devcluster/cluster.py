@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
+from runyard_client.tls import client_context
 
 from client.dev_state import default_slurm_prefix, default_state_dir
-from client.devcluster import accounting, identity, pg_instance, port_claim, postgres
+from client.devcluster import accounting, identity, pg_instance, port_claim, postgres, tls
 from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.port_claim import SERVICE_APP
@@ -132,7 +133,12 @@ class DevCluster:
 
     @property
     def service_url(self) -> str:
-        return f"http://127.0.0.1:{self.service_port}"
+        """HTTPS, verified with the cluster's own CA (tls.py), as a site serves it."""
+        return f"https://127.0.0.1:{self.service_port}"
+
+    @property
+    def tls(self) -> tls.DevTls:
+        return tls.DevTls(self.state_dir / "tls")
 
     @property
     def table(self) -> ProcessTable:
@@ -169,6 +175,11 @@ class DevCluster:
             "RUNYARD_PORT": str(port or self.service_port),
             # Workers and agents reach the service through its one address (the proxy's).
             "RUNYARD_PUBLIC_URL": self.service_url,
+            # HTTPS with the dev CA's certificate; RUNYARD_CA, which the service hands to its
+            # jobs, is what the agents, the workers and the CLI verify it with.
+            "RUNYARD_TLS_CERT_FILE": str(self.tls.server_cert),
+            "RUNYARD_TLS_KEY_FILE": str(self.tls.server_key),
+            "RUNYARD_CA": str(self.tls.ca_cert),
             "RUNYARD_STATE_DIR": str(self.state_dir),
             "RUNYARD_SLURM_CONF": str(self.slurm_conf),
             "RUNYARD_PARTITION": PARTITION,
@@ -241,6 +252,7 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bo
     (state / "shape.json").write_text(json.dumps(asdict(shape)))
     (state / "env.sh").write_text(
         f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
+        f"export RUNYARD_CA={cluster.tls.ca_cert}\n"
         f'export RUNYARD_TOKEN="$(cat {cluster.admin_token_file})"\n'
         + (
             f"export PATH={cluster.slurm_prefix}/bin:{cluster.slurm_prefix}/sbin:$PATH\n"
@@ -399,6 +411,8 @@ def up(
     )
     for folder in opened:
         say(f"made {folder} searchable (o+x) so the dev users can run {sys.executable}")
+    # Its own CA and the service's certificate (tls.py): the service's user exists now.
+    tls.ensure(cluster.tls.folder, identity.SERVICE_USER)
     if with_service:
         _start_service(cluster, table, shape, say)
     say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
@@ -424,19 +438,10 @@ def _accounting_changed(cluster: DevCluster, with_accounting: bool) -> bool:
     return running != with_accounting
 
 
-def service_argv(port: int) -> list[str]:
-    """How the service is started on loopback (the dev cluster and the tests alike)."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        SERVICE_APP,
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+def service_argv() -> list[str]:
+    """How the service is started (service/serve.py: on loopback, with the TLS and the port
+    of its environment, service_env)."""
+    return [sys.executable, "-m", SERVICE_APP]
 
 
 def proxy_argv(listen: int, backends: list[int]) -> list[str]:
@@ -458,15 +463,29 @@ def _check_replica_count(cluster: DevCluster, table: dict[str, Started]) -> None
         )
 
 
-def _healthy_at(url: str) -> Callable[[], bool]:
-    return lambda: _service_healthy(url)
+def _healthy_at(url: str, ca: Path) -> Callable[[], bool]:
+    return lambda: _service_healthy(url, ca)
 
 
-def _service_healthy(url: str) -> bool:
+def _service_healthy(url: str, ca: Path) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+        verify = client_context(str(ca))
+        return httpx.get(f"{url}/healthz", timeout=1.0, verify=verify).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _stop_plain_http(cluster: DevCluster, table: dict[str, Started], say: Progress) -> None:
+    """Services and agents started before the dev cluster served HTTPS (no RUNYARD_CA in
+    their environment) are stopped, to start again over TLS below."""
+    for name, proc in list(table.items()):
+        if not name.startswith(("service", "agent:")) or not is_alive(proc):
+            continue
+        if environ_of(proc.pid).get("RUNYARD_CA") != str(cluster.tls.ca_cert):
+            say(f"restarting {name} over HTTPS")
+            stop(proc)
+            del table[name]
+    cluster.table.save(table)
 
 
 def database_in_use(cluster: DevCluster, table: dict[str, Started], say: Progress) -> DevCluster:
@@ -501,6 +520,7 @@ def _start_service(
         postgres.ensure_running()
         postgres.ensure_database(cluster.database_url)
     postgres.migrate(cluster.database_url, env=cluster.service_env())
+    _stop_plain_http(cluster, table, say)
     _mint_tokens(cluster, shape)
     _check_replica_count(cluster, table)
     log_dir = cluster.state_dir / "log"
@@ -510,19 +530,19 @@ def _start_service(
         cluster.table.save(table)  # with the listener's PID, where it adopted one
         if not start:
             continue
-        url = f"http://127.0.0.1:{port}"
+        url = f"https://127.0.0.1:{port}"
         say(f"starting the service on {url}")
         log_name = "service.out" if cluster.replicas == 1 else f"service-{index + 1}.out"
         table[key] = spawn(
             key,
-            service_argv(port),
+            service_argv(),
             log_dir / log_name,
             env=cluster.service_env(port),
             user=identity.SERVICE_USER,  # never root: it acts as users through sudo only
         )
         cluster.table.save(table)
         # One at a time: the first replica's reconciler takes the leader lock.
-        _wait(f"the service on port {port}", _healthy_at(url), 60)
+        _wait(f"the service on port {port}", _healthy_at(url, cluster.tls.ca_cert), 60)
     if cluster.replicas > 1 and (not (p := table.get("proxy")) or not is_alive(p)):
         say(f"starting the proxy on {cluster.service_url} for ports {cluster.replica_ports}")
         table["proxy"] = spawn(
@@ -531,7 +551,7 @@ def _start_service(
             log_dir / "proxy.out",
         )
         cluster.table.save(table)
-    _wait("the service", lambda: _service_healthy(cluster.service_url), 60)
+    _wait("the service", _healthy_at(cluster.service_url, cluster.tls.ca_cert), 60)
     for node in shape.node_names:
         key = f"agent:{node}"
         if not (p := table.get(key)) or not is_alive(p):

@@ -31,7 +31,7 @@ from client.devcluster.processes import (
 
 # What the service's command line names (service_argv in cluster.py): with the state
 # folder in its environment and the service's user, what marks a dev cluster's service.
-SERVICE_APP = "service.app:create_app"
+SERVICE_APP = "service.serve"
 
 
 class PortHeld(StrEnum):
