@@ -1,6 +1,6 @@
 """`runyard doctor`: on the head node, check Slurm, Postgres, the shared filesystem, the
-agents and who the service runs as; print what is wrong and how to fix it. Exit 0 healthy,
-1 problems found."""
+agents, who the service runs as, and its TLS and MUNGE; print what is wrong and how to fix
+it. Exit 0 healthy, 1 problems found."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from client.doctor.identity import check_identity
 from client.doctor.result import Area, Check, SiteSettings, Status
 from client.doctor.site import check_agents, check_filesystem, check_postgres
 from client.doctor.slurm import check_slurm
+from client.doctor.wire import check_wire
 from client.output import Exit, console, fail, print_json, print_table
 
 STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.SKIP: "dim"}
@@ -35,6 +36,8 @@ def run_checks(settings: SiteSettings, areas: set[Area]) -> list[Check]:
         checks += check_agents(settings)
     if Area.IDENTITY in areas:
         checks += check_identity(settings)
+    if Area.WIRE in areas:
+        checks += check_wire(settings)
     return checks
 
 

@@ -29,6 +29,7 @@ class Area(enum.StrEnum):
     FILESYSTEM = "filesystem"
     AGENTS = "agents"
     IDENTITY = "identity"
+    WIRE = "wire"  # TLS and MUNGE: what crosses the network (client/doctor/wire.py)
 
 
 @dataclass(frozen=True)

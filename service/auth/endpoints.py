@@ -11,8 +11,15 @@ from fastapi import APIRouter, Depends, Query
 
 from service.auth import service as auth
 from service.auth.deps import USERS, PrincipalDep
-from service.auth.login import DefaultAccount, log_in
-from service.auth.schemas import LoginOut, LoginRequest, OwnTokenOut, TokenOut
+from service.auth.login import DefaultAccount, LoginRefused, log_in, login_of
+from service.auth.munge import decode
+from service.auth.schemas import (
+    CredentialCheckOut,
+    LoginOut,
+    LoginRequest,
+    OwnTokenOut,
+    TokenOut,
+)
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, NotFound
@@ -42,6 +49,32 @@ def login(body: LoginRequest, session: SessionDep, accounts: DefaultAccountDep) 
         slurm_account=done.link.slurm_account,
         expires_at=done.expires_at,
         linked_now=done.linked_now,
+    )
+
+
+@router.post("/v1/auth/check")
+def check_credential(body: LoginRequest) -> CredentialCheckOut:
+    """Decode a MUNGE credential and say whose it is and whether that uid may log in,
+    without logging in: `runyard doctor`'s proof that a host shares the service's MUNGE
+    key (a credential from a host with another key is refused: 401 credential_invalid)."""
+    settings = get_settings()
+    proof = decode(body.credential, settings.login_credential_max_age_s)
+    try:
+        login = login_of(proof, settings)
+    except LoginRefused as refused:
+        return CredentialCheckOut(
+            uid=proof.uid,
+            encode_host=proof.encode_host,
+            login=None,
+            can_log_in=False,
+            detail=refused.detail,
+        )
+    return CredentialCheckOut(
+        uid=proof.uid,
+        encode_host=proof.encode_host,
+        login=login,
+        can_log_in=True,
+        detail=f"uid {proof.uid} logs in as {login}",
     )
 
 

@@ -44,6 +44,16 @@ class LoginRequest(BaseModel):
     )
 
 
+class CredentialCheckOut(BaseModel):
+    """Whose a credential is, as the service's munged decoded it; no token is made."""
+
+    uid: int = Field(description="The uid the credential proves (its maker's).")
+    encode_host: str = Field(description="The host munged says encoded it.")
+    login: str | None = Field(description="That uid's login on the service's host, if any.")
+    can_log_in: bool = Field(description="Whether `runyard login` would give that uid a token.")
+    detail: str = Field(description="Why it could not, or whom it would log in as.")
+
+
 class LoginOut(BaseModel):
     token: str = Field(description="The secret: shown this once, stored only as a hash.")
     token_id: int
