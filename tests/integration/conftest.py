@@ -16,6 +16,7 @@ from unittest import mock
 
 import httpx
 import pytest
+from runyard_client.tls import client_context
 
 from client.api import RunyardClient
 from client.devcluster import cluster
@@ -75,6 +76,9 @@ def slurm_cluster() -> Iterator[DevCluster]:
     cluster.up(cluster=dev, with_service=False, say=lambda _: None)
     clean_up_test_leftovers(dev)
     paused = cluster.stop_control_plane(dev)
+    # Every client of the tests' services (the CLI in-process and as a child, agents,
+    # workers) verifies their HTTPS with the dev cluster's CA, as a site's verify its own.
+    os.environ["RUNYARD_CA"] = str(dev.tls.ca_cert)
     yield dev
     if paused:
         with mock.patch.dict(os.environ, ENVIRONMENT_AT_START, clear=True):
@@ -113,6 +117,17 @@ def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test
             slurm("scontrol", "update", f"nodename={fields['NodeName']}", "state=resume")
 
 
+def tls_settings() -> dict[str, str]:
+    """A service's HTTPS on the dev cluster's certificate (client/devcluster/tls.py), and
+    the CA it hands its jobs."""
+    dev = DevCluster(cluster.default_state_dir()).tls
+    return {
+        "RUNYARD_TLS_CERT_FILE": str(dev.server_cert),
+        "RUNYARD_TLS_KEY_FILE": str(dev.server_key),
+        "RUNYARD_CA": str(dev.ca_cert),
+    }
+
+
 class ServiceProcess:
     """The real service (uvicorn + reconciler) as a child process that tests can restart,
     started as a site starts it: deploy/runyard-service.sh with its settings file, as the
@@ -126,18 +141,23 @@ class ServiceProcess:
         admin_token: str,
         port: int = SERVICE_PORT,
         name: str = "runyard",
+        tls: bool = True,
     ) -> None:
         prepare_state_dir(state_dir)
         self.settings_file = state_dir / "service" / f"{name}.env"
         self.log = state_dir / f"{name}.log"
         self.admin_token, self.port = admin_token, port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
         # The service's settings only: what a site writes into its runyard.env. Dev mode:
         # the tests' fault hooks (inject_faults, paced_faults) reach the jobs only so.
-        self.settings = {"RUNYARD_ENVIRONMENT": "dev"} | {
-            k: v for k, v in settings.items() if k.startswith("RUNYARD_") or k == "SLURM_CONF"
+        # HTTPS with the dev cluster's certificate (`tls`), as a site serves it.
+        given = {
+            k: v
+            for k, v in settings.items()
+            if (k.startswith("RUNYARD_") or k == "SLURM_CONF") and not k.startswith("RUNYARD_TLS")
         }
+        self.settings = {"RUNYARD_ENVIRONMENT": "dev", **(tls_settings() if tls else {})} | given
 
     def write_settings(self) -> None:
         """The settings file, readable by the service's user alone (docs/install.md)."""
@@ -172,7 +192,8 @@ class ServiceProcess:
 
     def healthy(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            verify = client_context(os.environ.get("RUNYARD_CA"))
+            return httpx.get(f"{self.url}/healthz", timeout=1, verify=verify).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -73,7 +73,8 @@ def fuzz_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePr
         "RUNYARD_RUN_RECONCILER": "false",
     }
     env.pop("RUNYARD_SLURM_CONF", None)
-    svc = ServiceProcess(env, state, token, port=port)
+    # Plain HTTP on loopback: schemathesis (requests) verifies no dev CA of ours.
+    svc = ServiceProcess(env, state, token, port=port, tls=False)
     svc.start()
     yield svc
     svc.stop()

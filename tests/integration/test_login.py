@@ -90,6 +90,7 @@ def as_alice(home: Path, url: str, *args: str) -> subprocess.CompletedProcess[st
         f"HOME={home}",
         f"XDG_CONFIG_HOME={home / 'config'}",
         f"RUNYARD_URL={url}",
+        f"RUNYARD_CA={os.environ['RUNYARD_CA']}",  # the dev cluster's (slurm_cluster)
         f"RUNYARD_DEV_DIR={home / 'no-dev-cluster'}",
         f"PYTHONPATH={REPO_ROOT}",
     ]

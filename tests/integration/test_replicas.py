@@ -78,7 +78,7 @@ def replicas(
     )
     state = service_state_dir("replicas")
     port_a, port_b, port_front = free_port(), free_port(), free_port()
-    front_url = f"http://127.0.0.1:{port_front}"
+    front_url = f"https://127.0.0.1:{port_front}"  # TLS through the TCP proxy
     env = {
         **os.environ,
         "RUNYARD_DATABASE_URL": DATABASE_URL,

@@ -165,6 +165,11 @@ class Site:
             # only if absent); its sudoers rule is this site's own file, removed after.
             "RUNYARD_SUDOERS": str(self.sudoers),
             "RUNYARD_ADMIN_UNIX": ADMIN_UNIX_USER,
+            # The site's certificate for this host (`hostname -f`), its key and its CA: the
+            # dev cluster's own (client/devcluster/tls.py), as a site's CA would issue them.
+            "RUNYARD_TLS_CERT": str(self.dev.tls.server_cert),
+            "RUNYARD_TLS_KEY": str(self.dev.tls.server_key),
+            "RUNYARD_TLS_CA": str(self.dev.tls.ca_cert),
         }
 
     def install(self) -> str:
@@ -191,7 +196,16 @@ class Site:
 
     def client(self) -> RunyardClient:
         token = (self.etc / "admin.token").read_text().strip()
-        return RunyardClient(f"http://127.0.0.1:{self.port}", token=token)
+        return RunyardClient(self.url, token=token)
+
+    @property
+    def url(self) -> str:
+        """The public URL step 3 wrote: HTTPS, verified with RUNYARD_CA (slurm_cluster)."""
+        return dict(
+            line.split("=", 1)
+            for line in (self.etc / "runyard.env").read_text().splitlines()
+            if line.startswith("RUNYARD_PUBLIC_URL=")
+        )["RUNYARD_PUBLIC_URL"]
 
     def pid_files(self) -> list[Path]:
         """The processes the document started: the service and one agent per node."""
@@ -266,14 +280,25 @@ def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
     # as the service's own user, never root; and the doctor (step 9) found it so.
     service_pid = int((site.home / "state" / "service.pid").read_text())
     assert str(site.home / "venv" / "bin" / "python") in cmdline(service_pid)
-    assert "uvicorn service.app:create_app" in cmdline(service_pid)
+    assert "-m service.serve" in cmdline(service_pid)
+    assert site.url.startswith("https://")
     assert uid_of(service_pid) == pwd.getpwnam(SERVICE_USER).pw_uid != 0
+    doctor = [
+        str(site.home / "venv" / "bin" / "runyard"),
+        "doctor",
+        "--json",
+        "--only",
+        "identity",
+        "--only",
+        "wire",
+        "--settings",
+        str(site.etc / "runyard.env"),
+    ]
     checked = json.loads(
         subprocess.run(
-            [str(site.home / "venv" / "bin" / "runyard"), "doctor", "--only", "identity", "--json",
-             "--settings", str(site.etc / "runyard.env")],
-            capture_output=True, text=True, timeout=120,
-            env={**site.environment(), "RUNYARD_URL": f"http://127.0.0.1:{site.port}",
+            doctor, capture_output=True, text=True, timeout=120,
+            env={**site.environment(), "RUNYARD_URL": site.url,
+                 "RUNYARD_CA": str(site.dev.tls.ca_cert),
                  "RUNYARD_TOKEN": (site.etc / "admin.token").read_text().strip()},
         ).stdout
     )  # fmt: skip
@@ -281,6 +306,9 @@ def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
     assert statuses == {
         "service user": "ok", "secrets": "ok", "owner group": "ok", "acts as its users": "ok",
         "fault hooks": "ok",  # a site's service hands no RUNYARD_FAULT to jobs
+        # Step 3's TLS and the cluster's MUNGE key, as the doctor proves them to the service.
+        "plain HTTP off": "ok", "certificate": "ok", "HTTPS verified": "ok",
+        "MUNGE here": "ok", "MUNGE key shared": "ok",
     }, checked  # fmt: skip
     agent_pids = sorted((site.root / "agent-state").glob("*/agent.pid"))
     assert [p.parent.name for p in agent_pids] == site.nodes
