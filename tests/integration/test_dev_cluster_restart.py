@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from runyard_client.tls import client_context
 
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster
@@ -59,7 +60,7 @@ def dev_status() -> dict[str, dict[str, Any]]:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=2, verify=client_context()).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from runyard_client.tls import client_context
 
 from client.api import ApiError, RunyardClient
 from client.devcluster.cluster import DevCluster
@@ -44,6 +45,7 @@ def scrape(service: ServiceProcess) -> Samples:
         f"{service.url}/metrics",
         headers={"Authorization": f"Bearer {service.admin_token}"},
         timeout=10,
+        verify=client_context(),  # RUNYARD_CA: the dev cluster's CA (slurm_cluster)
     )
     response.raise_for_status()
     return {

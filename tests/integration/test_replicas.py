@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from runyard_client.tls import client_context
 
 from client.api import RunyardClient
 from client.devcluster import postgres
@@ -45,7 +46,7 @@ XID_92 = "NVRM: Xid (PCI:0000:3b:00): 92, pid=1, name=python, High single-bit EC
 def leads(replica: ServiceProcess) -> bool:
     """Whether this replica's reconciler has ticked (only the lock holder's does)."""
     try:
-        text = httpx.get(f"{replica.url}/metrics", timeout=2).text
+        text = httpx.get(f"{replica.url}/metrics", timeout=2, verify=client_context()).text
     except httpx.HTTPError:
         return False
     for line in text.splitlines():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from runyard_client.tls import client_context
 
 from client.api import RunyardClient
 from tests.conftest import wait_for
@@ -59,5 +60,6 @@ def test_a_slowed_rank_flags_its_node_and_the_run_moves_to_a_spare(
         f"{service.url}/metrics",
         headers={"Authorization": f"Bearer {service.admin_token}"},
         timeout=10,
+        verify=client_context(),
     ).text
     assert f'runyard_node_slow{{node="{slow}"}} 1.0' in metrics
