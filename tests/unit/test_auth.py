@@ -83,6 +83,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/metrics"): PUBLIC,
     # A MUNGE credential proves who calls (service/auth/login.py); no token before it.
     ("POST", "/v1/auth/login"): PUBLIC,
+    ("POST", "/v1/auth/check"): PUBLIC,  # a MUNGE credential proves who calls; no token made
     ("POST", "/v1/auth/logout"): USERS,
     ("GET", "/v1/tokens"): USERS,
     ("DELETE", "/v1/tokens/{token_id}"): USERS,

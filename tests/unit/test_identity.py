@@ -145,7 +145,7 @@ def test_the_doctor_fails_a_service_running_as_root(api: Any, tmp_path: Path) ->
     settings_file = tmp_path / "runyard.env"
     settings_file.write_text("RUNYARD_DATABASE_URL=postgresql+psycopg://secret@db/runyard\n")
     settings_file.chmod(0o644)
-    client = RunyardClient("http://testserver")
+    client = RunyardClient("http://localhost")  # the app in-process below; loopback: a token may go
     client._http = api  # the real app in-process: TestClient is an httpx.Client
     settings = SiteSettings.load(settings_file)
     checks = {c.name: c for c in check_identity(settings, client)}
@@ -251,7 +251,7 @@ def test_the_doctor_fails_a_site_service_with_fault_hooks_and_warns_of_a_dev_one
     from service.admin import users
     from service.config import Settings
 
-    client = RunyardClient("http://testserver")
+    client = RunyardClient("http://localhost")  # the app in-process below; loopback: a token may go
     client._http = api  # the real app in-process
     settings_file = tmp_path / "runyard.env"
     settings_file.write_text("RUNYARD_PARTITION=train\n")

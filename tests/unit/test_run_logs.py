@@ -66,7 +66,7 @@ def test_cli_prints_every_attempt_in_order_with_headers(
     api: Any, db_session: Session, tmp_path: Path
 ) -> None:
     run_id = seeded(db_session, tmp_path)
-    client = RunyardClient("http://testserver")
+    client = RunyardClient("http://localhost")  # the app in-process below; loopback: a token may go
     client._http = api  # the real app in-process: TestClient is an httpx.Client
     out: list[str] = []
     show_logs(client, run_id, out.append, lambda h: out.append(f"[{h}]\n"), rank=1)

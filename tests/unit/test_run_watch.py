@@ -101,7 +101,7 @@ def test_exit_code_says_how_the_run_ended(
 ) -> None:
     run = add_run(db_session, state, last_step=20, total_steps=100)
     add_attempt(db_session, run, 1, AttemptState.RUNNING)
-    client = RunyardClient("http://testserver")
+    client = RunyardClient("http://localhost")  # the app in-process below; loopback: a token may go
     client._http = api  # the real app in-process
     out = io.StringIO()
     console = Console(file=out, force_terminal=terminal, width=100)
