@@ -49,7 +49,11 @@ def https_url(dev_ca: dev_tls.DevTls, database_url: str) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     config = uvicorn.Config(
-        create_app(), lifespan="off", log_level="warning", **server_tls(settings)
+        create_app(),
+        lifespan="off",
+        log_level="warning",
+        timeout_graceful_shutdown=1,  # the tests' clients keep their connections open
+        **server_tls(settings),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
