@@ -7,6 +7,7 @@ LEAF_SIZE=${RUNYARD_COMPOSE_LEAF_SIZE:-2}
 SLURM_STATE=/var/lib/runyard/slurm
 SHARED_KEY=/etc/munge-shared/munge.key
 TOKENS=/var/lib/runyard/state/tokens
+TLS=/var/lib/runyard/state/tls
 
 # The same slurm_templates/ that `runyard dev up` renders, for one host per node.
 render_slurm_conf() {

@@ -12,4 +12,9 @@ for i in $(seq 1 "$NODES"); do
   python -m service.auth.bootstrap --user "agent-$node" --team ops --role agent \
     --node "$node" --out "$TOKENS/$node.token"
 done
-exec uvicorn service.app:create_app --factory --host 0.0.0.0 --port 8000
+# HTTPS with a CA of the compose cluster's own, in the shared volume: the nodes' agents and
+# the runs' workers verify the service (https://service:8000) with its ca.pem.
+python -m client.devcluster.tls "$TLS" --name service >/dev/null
+export RUNYARD_TLS_CERT_FILE=$TLS/server.pem RUNYARD_TLS_KEY_FILE=$TLS/server-key.pem
+export RUNYARD_CA=$TLS/ca.pem
+exec python -m service.serve

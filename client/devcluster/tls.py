@@ -14,6 +14,7 @@ certificate is made again when it expires within RENEW_WITHIN, or names other ho
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import ipaddress
 import os
@@ -56,10 +57,11 @@ class DevTls:
         return self.folder / "server-key.pem"
 
 
-def server_names() -> list[str]:
-    """The host names the server certificate must hold: loopback and this host's names (a
-    site's public URL names `hostname -f`, docs/install.md step 3)."""
-    names = {"localhost", socket.gethostname(), socket.getfqdn()}
+def server_names(extra: tuple[str, ...] = ()) -> list[str]:
+    """The host names the server certificate must hold: loopback, this host's names (a
+    site's public URL names `hostname -f`, docs/install.md step 3) and `extra` (the compose
+    cluster's `service`)."""
+    names = {"localhost", socket.gethostname(), socket.getfqdn(), *extra}
     try:
         done = subprocess.run(["hostname", "-f"], capture_output=True, text=True, timeout=10)
         names |= set(done.stdout.split()) if done.returncode == 0 else set()
@@ -156,11 +158,15 @@ def _load_ca(tls: DevTls) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 
 
 def _make_server(
-    tls: DevTls, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, service_user: str | None
+    tls: DevTls,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    service_user: str | None,
+    names: list[str],
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
-    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in server_names()]
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
     alt_names += [x509.IPAddress(a) for a in server_addresses()]
     cert = (
         x509.CertificateBuilder()
@@ -183,9 +189,12 @@ def _make_server(
     tls.server_cert.chmod(0o644)
 
 
-def ensure(folder: Path, service_user: str | None = None) -> DevTls:
+def ensure(
+    folder: Path, service_user: str | None = None, extra_names: tuple[str, ...] = ()
+) -> DevTls:
     """The dev CA and the server certificate in `folder`, made or renewed where needed;
     the server key owned by `service_user` (when running as root)."""
+    names = server_names(extra_names)
     tls = DevTls(folder)
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)  # the CA and the certificate are read by every user's processes
@@ -194,6 +203,21 @@ def ensure(folder: Path, service_user: str | None = None) -> DevTls:
     else:
         ca, ca_key = _make_ca(tls)
         tls.server_cert.unlink(missing_ok=True)  # signed by the old CA
-    if not (_still_good(tls.server_cert, server_names()) and tls.server_key.exists()):
-        _make_server(tls, ca, ca_key, service_user)
+    if not (_still_good(tls.server_cert, names) and tls.server_key.exists()):
+        _make_server(tls, ca, ca_key, service_user, names)
     return tls
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m client.devcluster.tls FOLDER [--name HOST]...`: the compose cluster's
+    service container makes its CA and certificate in the shared state volume."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--name", action="append", default=[], help="another DNS name")
+    args = parser.parse_args(argv)
+    made = ensure(args.folder, extra_names=tuple(args.name))
+    print(made.ca_cert)
+
+
+if __name__ == "__main__":
+    main()
