@@ -49,7 +49,7 @@ from worker.model import build_model
 from worker.reporter import Reporter
 from worker.train import train_loop
 
-TARGET_OVERHEAD = 0.01  # issue 43: the trainer adds under 1% to a hand-written loop's step (issue 4: 3%)
+TARGET_OVERHEAD = 0.01  # issue 43: under 1% of a hand-written loop's step (issue 4: 3%)
 WARMUP_STEPS = 2  # first steps allocate and fill caches: left out of both timings
 # A step of ~70 ms on one core: math dominates, as on a GPU, yet a run of 30 steps takes
 # a few seconds. (At 4 ms a step, ours costs ~0.6 ms more: its fixed cost per step.)

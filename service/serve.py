@@ -21,6 +21,14 @@ import uvicorn
 from service.config import Settings, get_settings
 
 APP = "service.app:create_app"
+# How long a stopping service waits for open connections before its lifespan ends (and
+# with it the reconciler). A TLS connection closes only when its client answers the
+# close_notify (asyncio waits up to 30 s for it), and the agents' idle keep-alive
+# connections do not answer until their next heartbeat: uvicorn then waited until the
+# service was killed, its listener closed while its reconciler still judged heartbeats,
+# and healthy nodes were drained as silent (test_control_plane_restarts). Requests take
+# well under a second; 3 s is far inside heartbeat_suspect_s.
+GRACEFUL_SHUTDOWN_S = 3
 
 
 class PlainHttpOffLoopback(ValueError):
@@ -74,6 +82,7 @@ def main() -> None:
         factory=True,
         host=settings.host,
         port=settings.port,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         **tls,
     )
 

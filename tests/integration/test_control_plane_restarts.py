@@ -121,7 +121,10 @@ def test_a_run_trains_through_postgres_slurmctld_and_service_restarts(
         "the run to succeed", lambda: client.get_run(run_id)["state"] == "SUCCEEDED", timeout_s=240
     )
     final = client.get_run(run_id)
-    assert len(final["attempts"]) == 1, "no attempt was submitted twice"
+    assert len(final["attempts"]) == 1, [  # no attempt was submitted twice
+        (a["number"], a["state"], a.get("stop_reason"), a.get("end_reason"))
+        for a in final["attempts"]
+    ]
     assert final["num_restarts"] == 0
     named = f"JobName=runyard-{TEST_DATABASE}-r{run_id}-"
     jobs = [line for line in slurm("scontrol", "show", "job", "-o", conf=conf).splitlines()]
