@@ -28,6 +28,8 @@ from typer.testing import CliRunner
 from client.api import ApiError, InsecureUrl, RunyardClient
 from client.cli import app
 from client.devcluster import tls as dev_tls
+from client.doctor import wire
+from client.doctor.result import SiteSettings, Status
 from service.app import create_app
 from service.config import Settings
 from service.serve import PlainHttpOffLoopback, server_tls
@@ -259,3 +261,46 @@ def test_the_service_serves_plain_http_on_loopback_only(dev_ca: dev_tls.DevTls) 
     assert done.returncode == 1
     assert done.stderr.startswith("runyard service: RUNYARD_HOST=0.0.0.0 is not a loopback")
     assert "Traceback" not in done.stderr
+
+
+def site_with(tls: dev_tls.DevTls, **extra: str) -> SiteSettings:
+    """The doctor's view of a site that serves `tls`'s certificate."""
+    values = {
+        "RUNYARD_HOST": "0.0.0.0",
+        "RUNYARD_TLS_CERT_FILE": str(tls.server_cert),
+        "RUNYARD_TLS_KEY_FILE": str(tls.server_key),
+        **extra,
+    }
+    return SiteSettings(
+        service_url="https://127.0.0.1:1",
+        database_url="",
+        slurm_conf=None,
+        partition="train",
+        checkpoint_root=Path("/nonexistent"),
+        extra=values,
+    )
+
+
+def test_the_doctor_judges_the_certificate_and_plain_http(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = dev_tls.ensure(tmp_path / "good")
+    assert wire.certificate(site_with(good)).status is Status.OK
+    assert wire.plain_http(site_with(good)).status is Status.OK
+
+    monkeypatch.setattr(dev_tls, "SERVER_LIFETIME", dt.timedelta(days=10))
+    soon = dev_tls.ensure(tmp_path / "soon")  # within the 21 days the doctor warns ahead
+    near = wire.certificate(site_with(soon))
+    assert near.status is Status.WARN and "expires on" in near.detail, near
+    assert wire.certificate(site_with(soon, RUNYARD_TLS_EXPIRY_WARN_DAYS="5")).status is Status.OK
+
+    other = dev_tls.ensure(tmp_path / "other")  # a key that is not the certificate's
+    mixed = site_with(good, RUNYARD_TLS_KEY_FILE=str(other.server_key))
+    wrong = wire.certificate(mixed)
+    assert wrong.status is Status.FAIL and "does not match" in wrong.detail, wrong
+
+    plain = site_with(good, RUNYARD_TLS_CERT_FILE="", RUNYARD_TLS_KEY_FILE="")
+    refused = wire.plain_http(plain)
+    assert refused.status is Status.FAIL and "RUNYARD_HOST=0.0.0.0" in refused.detail
+    loopback = site_with(good, RUNYARD_HOST="127.0.0.1", RUNYARD_TLS_CERT_FILE="")
+    assert wire.plain_http(loopback).status is Status.OK
