@@ -98,7 +98,11 @@ def replicas(
     a = ServiceProcess({**env, "RUNYARD_PORT": str(port_a)}, state, token, port_a, name="a")
     b = ServiceProcess({**env, "RUNYARD_PORT": str(port_b)}, state, token, port_b, name="b")
     a.start()
-    wait_for("replica A to lead", lambda: leads(a))
+    try:
+        wait_for("replica A to lead", lambda: leads(a))
+    except BaseException:
+        a.stop()  # a setup that fails runs no teardown: leave no replica serving
+        raise
     b.start()
     with open(root / "proxy.log", "ab") as out:
         proxy = subprocess.Popen(
