@@ -1,4 +1,4 @@
-"""Every bench runs (STYLE.md habit 15, issue 43): each bench's `--smoke`, as a developer
+"""Every bench runs (issue 43): each bench's `--smoke`, as a developer
 runs it, exits 0 and ends with one JSON object that says whether it met its target.
 
 A smoke is the bench's own code path at its smallest size, in seconds; it may miss its
