@@ -11,12 +11,12 @@ tokens cross every other interface, and in clear they are anyone's who can read 
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 import sys
 from typing import Any
 
 import uvicorn
+from runyard_client.tls import is_loopback_host
 
 from service.config import Settings, get_settings
 
@@ -33,16 +33,6 @@ GRACEFUL_SHUTDOWN_S = 3
 
 class PlainHttpOffLoopback(ValueError):
     """The settings would serve bearer tokens in clear across a network."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether the service's listen address is reachable from this host alone."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def server_tls(settings: Settings) -> dict[str, Any]:
@@ -65,10 +55,6 @@ def server_tls(settings: Settings) -> dict[str, Any]:
         tls["ssl_ca_certs"] = str(settings.tls_client_ca_file)
         tls["ssl_cert_reqs"] = ssl.CERT_OPTIONAL
     return tls
-
-
-def scheme(settings: Settings) -> str:
-    return "https" if settings.tls_cert_file is not None else "http"
 
 
 def main() -> None:

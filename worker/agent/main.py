@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
         agent = Agent(args)
-    except (InsecureTransport, ValueError) as refused:
+    except InsecureTransport as refused:
         raise SystemExit(f"runyard agent: {refused}") from None
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())

@@ -31,28 +31,34 @@ def ca_file() -> str | None:
 def client_context(ca: str | None = None) -> ssl.SSLContext:
     """A context that verifies the service's certificate and host name: against `ca`, else
     RUNYARD_CA, else the system's store. A named bundle that cannot be read raises
-    ValueError naming it (a typo would otherwise surface as a verification failure)."""
+    InsecureTransport naming it (a typo would otherwise surface as a verification failure)."""
     bundle = ca or ca_file()
     if bundle is None:
         return ssl.create_default_context()
     try:
         return ssl.create_default_context(cafile=bundle)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(
+        raise InsecureTransport(
             f"{ENV_CA}={bundle} is not a readable PEM CA bundle ({exc.__class__.__name__}: "
             f"{exc}); point it at the CA certificate that signed the service's certificate"
         ) from exc
 
 
-def is_loopback(url: str) -> bool:
-    """Whether `url` names this host itself (127.0.0.0/8, ::1 or localhost)."""
-    host = (urlsplit(url).hostname or "").lower()
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name or an address) is this host itself: 127.0.0.0/8, ::1 or
+    localhost. The service's listen address is judged by it too (service/serve.py)."""
+    host = host.lower()
     if host in LOOPBACK_NAMES:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this host itself."""
+    return is_loopback_host(urlsplit(url).hostname or "")
 
 
 def check_token_transport(url: str) -> None:

@@ -64,11 +64,7 @@ _OPENERS: dict[str | None, urllib.request.OpenerDirector] = {}
 def _opener() -> urllib.request.OpenerDirector:
     bundle = ca_file()
     if bundle not in _OPENERS:
-        try:
-            context = client_context(bundle)
-        except ValueError as exc:
-            raise InsecureTransport(str(exc)) from None
-        https = urllib.request.HTTPSHandler(context=context)
+        https = urllib.request.HTTPSHandler(context=client_context(bundle))
         _OPENERS[bundle] = urllib.request.build_opener(_RefuseRedirects, https)
     return _OPENERS[bundle]
 
