@@ -48,8 +48,13 @@ class InsecureUrl(ApiError):
 
 class RunyardClient:
     def __init__(
-        self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        ca: str | None = None,
     ) -> None:
+        """`ca`: the CA bundle to verify the service with, before ca_for's defaults."""
         self.url = (url or os.environ.get("RUNYARD_URL") or default_url()).rstrip("/")
         # Which token, in order: the caller's, then client/token_store.py's.
         self.token_source = TokenSource.GIVEN
@@ -65,8 +70,8 @@ class RunyardClient:
         try:
             if token:
                 check_token_transport(self.url)
-            verify = client_context(ca_for(self.url))
-        except (InsecureTransport, ValueError) as exc:
+            verify = client_context(ca or ca_for(self.url))
+        except InsecureTransport as exc:
             self._refusal = str(exc)
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout_s, verify=verify
@@ -81,17 +86,12 @@ class RunyardClient:
             if anonymous:
                 request.headers.pop("Authorization", None)
             response = self._http.send(request)
-        except httpx.ConnectError as exc:
+        except httpx.HTTPError as exc:
             if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                 raise ApiError(
                     f"the service's certificate at {self.url} failed verification ({exc}); "
                     "set RUNYARD_CA to the CA that signed it"
                 ) from exc
-            raise ApiError(
-                f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
-                "start it with `runyard dev up` or set RUNYARD_URL"
-            ) from exc
-        except httpx.HTTPError as exc:
             raise ApiError(
                 f"cannot reach the runyard service at {self.url} ({exc.__class__.__name__}); "
                 "start it with `runyard dev up` or set RUNYARD_URL"

@@ -56,7 +56,7 @@ def act_as(service_user: str, owner: str, python: str) -> tuple[int | None, str]
 
 
 def check_identity(settings: SiteSettings, client: RunyardClient | None = None) -> list[Check]:
-    client = client or RunyardClient(settings.service_url, timeout_s=10)
+    client = client or settings.client()
     try:
         me = client.service_identity()
         links = client.list_users()

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from client.api import RunyardClient
 from client.devcluster.cluster import default_database_url, default_state_dir
 
 SITE_SETTINGS_FILE = Path("/etc/runyard/runyard.env")
@@ -105,6 +106,12 @@ class SiteSettings:
             extra=values,
             settings_file=path,
         )
+
+    def client(self) -> RunyardClient:
+        """An API client that reaches the service as the site's clients do: its URL, its
+        certificate verified with the RUNYARD_CA of the settings (the environment's over
+        the file's), 10 s a call."""
+        return RunyardClient(self.service_url, timeout_s=10, ca=self.extra.get("RUNYARD_CA"))
 
     def slurm_env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -176,7 +176,7 @@ def _age_s(stamp: str | None) -> float | None:
 
 
 def check_agents(settings: SiteSettings, client: RunyardClient | None = None) -> list[Check]:
-    client = client or RunyardClient(settings.service_url, timeout_s=10)
+    client = client or settings.client()
     try:
         client.health()
         nodes = client.list_nodes()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from runyard_client.tls import is_loopback
+from runyard_client.tls import is_loopback, is_loopback_host
 
 from client.api import ApiError, RunyardClient
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
@@ -25,16 +25,12 @@ from client.munge import CredentialError, login_credential
 DEFAULT_WARN_DAYS = 21
 
 
-def _host_is_loopback(host: str) -> bool:
-    return is_loopback(f"http://{host}")
-
-
 def plain_http(settings: SiteSettings) -> Check:
     values = settings.extra
     host = values.get("RUNYARD_HOST", "127.0.0.1")
     if values.get("RUNYARD_TLS_CERT_FILE"):
         return passed(Area.WIRE, "plain HTTP off", f"HTTPS on {host}")
-    if _host_is_loopback(host):
+    if is_loopback_host(host):
         return passed(Area.WIRE, "plain HTTP off", f"plain HTTP on loopback ({host}) only")
     return failed(
         Area.WIRE,
@@ -100,15 +96,6 @@ def certificate(settings: SiteSettings) -> Check:
             "RUNYARD_TLS_EXPIRY_WARN_DAYS)",
         )
     return passed(Area.WIRE, "certificate", f"{subject}, valid until {until} ({left:.0f} days)")
-
-
-def _client(settings: SiteSettings) -> RunyardClient:
-    """A client that verifies as the site's clients do: RUNYARD_CA from the settings file
-    when the environment has none."""
-    ca = settings.extra.get("RUNYARD_CA")
-    if ca and not os.environ.get("RUNYARD_CA"):
-        os.environ["RUNYARD_CA"] = ca
-    return RunyardClient(settings.service_url, timeout_s=10)
 
 
 def verified(settings: SiteSettings, client: RunyardClient) -> Check:
@@ -179,7 +166,7 @@ def munge(client: RunyardClient) -> list[Check]:
 
 
 def check_wire(settings: SiteSettings, client: RunyardClient | None = None) -> list[Check]:
-    client = client or _client(settings)
+    client = client or settings.client()
     checks = [plain_http(settings), certificate(settings), verified(settings, client)]
     if checks[-1].status is Status.FAIL:
         return [*checks, skipped(Area.WIRE, "MUNGE key shared", "the service is not reached")]
