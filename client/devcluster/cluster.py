@@ -177,9 +177,7 @@ class DevCluster:
             "RUNYARD_PUBLIC_URL": self.service_url,
             # HTTPS with the dev CA's certificate; RUNYARD_CA, which the service hands to its
             # jobs, is what the agents, the workers and the CLI verify it with.
-            "RUNYARD_TLS_CERT_FILE": str(self.tls.server_cert),
-            "RUNYARD_TLS_KEY_FILE": str(self.tls.server_key),
-            "RUNYARD_CA": str(self.tls.ca_cert),
+            **self.tls.service_settings(),
             "RUNYARD_STATE_DIR": str(self.state_dir),
             "RUNYARD_SLURM_CONF": str(self.slurm_conf),
             "RUNYARD_PARTITION": PARTITION,

@@ -56,6 +56,15 @@ class DevTls:
     def server_key(self) -> Path:
         return self.folder / "server-key.pem"
 
+    def service_settings(self) -> dict[str, str]:
+        """A service's settings to serve HTTPS with these files, and the CA it hands its
+        jobs (RUNYARD_CA): the dev cluster's services and the tests' alike."""
+        return {
+            "RUNYARD_TLS_CERT_FILE": str(self.server_cert),
+            "RUNYARD_TLS_KEY_FILE": str(self.server_key),
+            "RUNYARD_CA": str(self.ca_cert),
+        }
+
 
 def server_names(extra: tuple[str, ...] = ()) -> list[str]:
     """The host names the server certificate must hold: loopback, this host's names (a

@@ -59,22 +59,18 @@ def check_credential(body: LoginRequest) -> CredentialCheckOut:
     key (a credential from a host with another key is refused: 401 credential_invalid)."""
     settings = get_settings()
     proof = decode(body.credential, settings.login_credential_max_age_s)
+    login: str | None = None
     try:
         login = login_of(proof, settings)
+        detail = f"uid {proof.uid} logs in as {login}"
     except LoginRefused as refused:
-        return CredentialCheckOut(
-            uid=proof.uid,
-            encode_host=proof.encode_host,
-            login=None,
-            can_log_in=False,
-            detail=refused.detail,
-        )
+        detail = refused.detail
     return CredentialCheckOut(
         uid=proof.uid,
         encode_host=proof.encode_host,
         login=login,
-        can_log_in=True,
-        detail=f"uid {proof.uid} logs in as {login}",
+        can_log_in=login is not None,
+        detail=detail,
     )
 
 

@@ -120,12 +120,7 @@ def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test
 def tls_settings() -> dict[str, str]:
     """A service's HTTPS on the dev cluster's certificate (client/devcluster/tls.py), and
     the CA it hands its jobs."""
-    dev = DevCluster(cluster.default_state_dir()).tls
-    return {
-        "RUNYARD_TLS_CERT_FILE": str(dev.server_cert),
-        "RUNYARD_TLS_KEY_FILE": str(dev.server_key),
-        "RUNYARD_CA": str(dev.ca_cert),
-    }
+    return DevCluster(cluster.default_state_dir()).tls.service_settings()
 
 
 class ServiceProcess:
@@ -192,7 +187,7 @@ class ServiceProcess:
 
     def healthy(self) -> bool:
         try:
-            verify = client_context(os.environ.get("RUNYARD_CA"))
+            verify = client_context()  # RUNYARD_CA: the dev cluster's (slurm_cluster)
             return httpx.get(f"{self.url}/healthz", timeout=1, verify=verify).status_code == 200
         except httpx.HTTPError:
             return False
