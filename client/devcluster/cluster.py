@@ -269,28 +269,12 @@ def ensure_slurm_installed(say: Progress, slurm_prefix: Path | None = None) -> N
 
 
 def write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> bool:
-    """Render the configs; True if any of them changed. A further member of `--clusters`
-    points its accounting at the first's slurmdbd (it has none of its own)."""
+    """Render the configs; True if any of them changed."""
     state = cluster.state_dir
     for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     changed = False
-    offset = cluster.port_offset
-    network = one_box(
-        shape,
-        cluster_name=cluster.cluster_name,
-        first_slurmd_port=FIRST_SLURMD_PORT + offset,
-        controller_port=CONTROLLER_PORT + offset,
-    )
-    files = render(
-        shape,
-        state,
-        network=network,
-        accounting=with_accounting,
-        topology=topology_of(cluster),
-        port_offset=offset,
-        shared_dbd_port=cluster.dbd_port if cluster.member > 1 else None,
-    )
+    files = configs_of(cluster, shape, with_accounting)
     for name, text in files.items():
         path = state / name
         if not path.exists() or path.read_text() != text:
@@ -307,6 +291,28 @@ def write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: boo
     (state / "shape.json").write_text(json.dumps(asdict(shape)))
     (state / "env.sh").write_text(env_script(cluster))
     return changed
+
+
+def configs_of(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> dict[str, str]:
+    """The cluster's config files by name (render.py, on its ports and ClusterName). A
+    further member of `--clusters` points its accounting at the first's slurmdbd and has
+    no slurmdbd.conf of its own."""
+    offset = cluster.port_offset
+    network = one_box(
+        shape,
+        cluster_name=cluster.cluster_name,
+        first_slurmd_port=FIRST_SLURMD_PORT + offset,
+        controller_port=CONTROLLER_PORT + offset,
+    )
+    return render(
+        shape,
+        cluster.state_dir,
+        network=network,
+        accounting=with_accounting,
+        topology=topology_of(cluster),
+        port_offset=offset,
+        shared_dbd_port=cluster.dbd_port if cluster.member > 1 else None,
+    )
 
 
 def env_script(cluster: DevCluster) -> str:
