@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from client.cli import app
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster, configs_of, env_script
 from client.devcluster.processes import is_alive, spawn
@@ -105,3 +107,9 @@ def test_dev_down_stops_the_second_cluster_before_the_first(tmp_path: Path) -> N
     assert said == ["stopped runyard-dev-b/slurmctld", "stopped slurmdbd"]
     assert not any(is_alive(p) for p in standins)
     assert first.table.load() == second.table.load() == {}
+
+
+def test_a_third_cluster_is_refused_before_anything_starts() -> None:
+    result = CliRunner().invoke(app, ["dev", "up", "--clusters", "3"])
+    assert result.exit_code == 2
+    assert "--clusters" in result.output
