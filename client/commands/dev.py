@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from client.devcluster import cluster
+from client.devcluster import cluster, multicluster
 from client.devcluster import render as render_mod
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.postgres import PostgresUnavailable
@@ -65,6 +65,14 @@ def up(
         1, min=1, max=8, help="Service processes; more than one sit behind a proxy on --port."
     ),
     slurm: Path | None = SLURM_PREFIX_OPTION,
+    clusters: int = typer.Option(
+        1,
+        min=1,
+        max=cluster.MAX_CLUSTERS,
+        help="Slurm clusters: a second (runyard-dev-b: its own slurmctld and slurmds, "
+        "ports 2000 above, state in .runyard/dev-b) registers with the first's slurmdbd, "
+        "so `sbatch -M`, `squeue -M all` and `sacct -M` reach both.",
+    ),
     with_: list[str] = typer.Option(
         [],
         "--with",
@@ -86,12 +94,22 @@ def up(
             except MlflowUnavailable as exc:
                 fail(str(exc), Exit.ERROR)
         cluster.up(nodes, leaf_size, dev, say=_say)
+        members = multicluster.up_members(dev, clusters, say=_say)
     except (cluster.DevClusterError, PostgresUnavailable, ValueError) as exc:
         fail(str(exc), Exit.ERROR)
     # One line each: at 80 columns one line wrapped after "slurm:", which then read empty.
     console.print(f"service: {dev.service_url}", highlight=False, soft_wrap=True)
     console.print(f"slurm:   SLURM_CONF={dev.slurm_conf}", highlight=False, soft_wrap=True)
+    for member in members:
+        console.print(
+            f"slurm:   {member.cluster_name}: SLURM_CONF={member.slurm_conf}",
+            highlight=False,
+            soft_wrap=True,
+        )
     hint(f"source {dev.state_dir / 'env.sh'}  (sets SLURM_CONF and RUNYARD_URL for sinfo/squeue)")
+    if members:
+        names = ",".join(m.cluster_name for m in [dev, *members])
+        hint(f"squeue -M {names}  (or sbatch -M {members[0].cluster_name}: any cluster from here)")
 
 
 @app.command()
@@ -121,7 +139,7 @@ def render(
 
 @app.command()
 def down(slurm: Path | None = SLURM_PREFIX_OPTION) -> None:
-    """Stop exactly the processes `dev up` started."""
+    """Stop exactly the processes `dev up` started (every cluster of --clusters)."""
     dev = _cluster(slurm)
     stopped = cluster.down(dev, say=_say)
     from client.devcluster.mlflow import stop_dev_server

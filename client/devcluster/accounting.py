@@ -23,7 +23,7 @@ def available() -> bool:
     return all(shutil.which(b) for b in ("slurmdbd", "mariadbd", "mariadb-install-db", "sacct"))
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -71,11 +71,11 @@ def ensure_running(
             ],
             log_dir / "mariadb.out",
         )
-        wait("mariadb", lambda: _listening(mariadb_port), 60)
+        wait("mariadb", lambda: listening(mariadb_port), 60)
     (state_dir / "slurmdbd.conf").chmod(0o600)
     if not (p := table.get("slurmdbd")) or not is_alive(p):
         table["slurmdbd"] = spawn("slurmdbd", ["slurmdbd", "-D"], log_dir / "slurmdbd.out", env=env)
-        wait("slurmdbd", lambda: _listening(dbd_port), 60)
+        wait("slurmdbd", lambda: listening(dbd_port), 60)
 
 
 def ensure_cluster_registered(cluster_name: str, env: dict[str, str]) -> None:

@@ -27,7 +27,9 @@ from client.devcluster.paths import REPO_ROOT
 from client.devcluster.port_claim import SERVICE_APP
 from client.devcluster.processes import ProcessTable, Started, environ_of, is_alive, spawn, stop
 from client.devcluster.render import (
+    CLUSTER_NAME,
     CONTROLLER_PORT,
+    DBD_PORT,
     FIRST_SLURMD_PORT,
     PARTITION,
     ClusterShape,
@@ -53,6 +55,13 @@ AGENTS_MAX_CORES_SHARE = 0.5
 # A cluster on a Slurm prefix listens this far above the packaged one (slurmctld 17817,
 # slurmd 18001..., slurmdbd 17819, MariaDB 17306, its Postgres 16432, the service 9000).
 PREFIX_PORT_OFFSET = 1000
+# Each further cluster of `dev up --clusters N` listens this far above the first (the
+# second's slurmctld 18817, its slurmds 19001...): clear of a prefix cluster's 1000 above,
+# and a prefix cluster's second (3000 above) clear of both.
+MEMBER_PORT_OFFSET = 2000
+# Two: a third's ports (4000 above, slurmds from 21001) would fall among the ones the
+# tests' own listeners draw from (tests/conftest.py, LISTEN_PORTS).
+MAX_CLUSTERS = 2
 
 
 def database_name(slurm_prefix: Path | None) -> str:
@@ -95,14 +104,54 @@ class DevCluster:
     # its binaries come first on the PATH of everything the cluster starts, and its daemons
     # listen PREFIX_PORT_OFFSET ports above the packaged cluster's, so both can run at once.
     slurm_prefix: Path | None = field(default_factory=default_slurm_prefix)
+    # Which of the clusters of `dev up --clusters N` this is. The first (1) runs slurmdbd,
+    # the service and its agents; each further one only a slurmctld and slurmds of its own,
+    # in a state folder beside the first's, registered with the first's slurmdbd: Slurm's
+    # multi-cluster operation, which `sbatch -M`, `squeue -M all` and `sacct -M` use.
+    member: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.member <= MAX_CLUSTERS:
+            raise ValueError(f"--clusters must be between 1 and {MAX_CLUSTERS}, got {self.member}")
         if not self.database_url:
             object.__setattr__(self, "database_url", self.own_database.url)
 
     @property
-    def port_offset(self) -> int:
+    def prefix_port_offset(self) -> int:
+        """Where the first cluster's ports sit: 1000 above the packaged Slurm's on a prefix."""
         return 0 if self.slurm_prefix is None else PREFIX_PORT_OFFSET
+
+    @property
+    def port_offset(self) -> int:
+        return self.prefix_port_offset + MEMBER_PORT_OFFSET * (self.member - 1)
+
+    @property
+    def cluster_name(self) -> str:
+        """Slurm's ClusterName: runyard-dev for the first, runyard-dev-b for the second."""
+        return CLUSTER_NAME if self.member == 1 else f"{CLUSTER_NAME}-{member_letter(self.member)}"
+
+    @property
+    def dbd_port(self) -> int:
+        """The slurmdbd every member registers with: the first cluster's."""
+        return DBD_PORT + self.prefix_port_offset
+
+    def member_cluster(self, member: int) -> DevCluster:
+        """The `member`th cluster beside this first one: its state folder is the first's
+        name with the member's letter (.runyard/dev-b), its Slurm the first's."""
+        if self.member != 1:
+            raise ValueError(f"{self.cluster_name} is not the first cluster")
+        if member == 1:
+            return self
+        folder = self.state_dir.with_name(f"{self.state_dir.name}-{member_letter(member)}")
+        return replace(self, state_dir=folder, member=member)
+
+    def members_started(self) -> list[DevCluster]:
+        """The further clusters `dev up --clusters` started beside this first one (those
+        with a process table), for `dev down` and `dev status`."""
+        if self.member != 1:
+            return []
+        members = [self.member_cluster(m) for m in range(2, MAX_CLUSTERS + 1)]
+        return [m for m in members if m.table.path.exists()]
 
     @property
     def own_database(self) -> pg_instance.Instance:
@@ -189,6 +238,11 @@ class DevCluster:
         }
 
 
+def member_letter(member: int) -> str:
+    """b for the second cluster, c for the third: the first is a, and unnamed."""
+    return chr(ord("a") + member - 1)
+
+
 def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
 
@@ -214,26 +268,13 @@ def ensure_slurm_installed(say: Progress, slurm_prefix: Path | None = None) -> N
     subprocess.run(["apt-get", "install", "-y", "-qq", *SLURM_PACKAGES], check=True, env=env)
 
 
-def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> bool:
+def write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> bool:
     """Render the configs; True if any of them changed."""
     state = cluster.state_dir
     for sub in ("slurmctld", "slurmd", "run", "log", "dev", "jobs", "checkpoints", "nodes"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     changed = False
-    offset = cluster.port_offset
-    network = one_box(
-        shape,
-        first_slurmd_port=FIRST_SLURMD_PORT + offset,
-        controller_port=CONTROLLER_PORT + offset,
-    )
-    files = render(
-        shape,
-        state,
-        network=network,
-        accounting=with_accounting,
-        topology=topology_of(cluster),
-        port_offset=offset,
-    )
+    files = configs_of(cluster, shape, with_accounting)
     for name, text in files.items():
         path = state / name
         if not path.exists() or path.read_text() != text:
@@ -248,17 +289,45 @@ def _write_configs(cluster: DevCluster, shape: ClusterShape, with_accounting: bo
         cluster.kern_log(node).parent.mkdir(parents=True, exist_ok=True)
         cluster.kern_log(node).touch()
     (state / "shape.json").write_text(json.dumps(asdict(shape)))
-    (state / "env.sh").write_text(
-        f"export SLURM_CONF={cluster.slurm_conf}\nexport RUNYARD_URL={cluster.service_url}\n"
-        f"export RUNYARD_CA={cluster.tls.ca_cert}\n"
-        f'export RUNYARD_TOKEN="$(cat {cluster.admin_token_file})"\n'
-        + (
-            f"export PATH={cluster.slurm_prefix}/bin:{cluster.slurm_prefix}/sbin:$PATH\n"
-            if cluster.slurm_prefix
-            else ""
-        )
-    )
+    (state / "env.sh").write_text(env_script(cluster))
     return changed
+
+
+def configs_of(cluster: DevCluster, shape: ClusterShape, with_accounting: bool) -> dict[str, str]:
+    """The cluster's config files by name (render.py, on its ports and ClusterName). A
+    further member of `--clusters` points its accounting at the first's slurmdbd and has
+    no slurmdbd.conf of its own."""
+    offset = cluster.port_offset
+    network = one_box(
+        shape,
+        cluster_name=cluster.cluster_name,
+        first_slurmd_port=FIRST_SLURMD_PORT + offset,
+        controller_port=CONTROLLER_PORT + offset,
+    )
+    return render(
+        shape,
+        cluster.state_dir,
+        network=network,
+        accounting=with_accounting,
+        topology=topology_of(cluster),
+        port_offset=offset,
+        shared_dbd_port=cluster.dbd_port if cluster.member > 1 else None,
+    )
+
+
+def env_script(cluster: DevCluster) -> str:
+    """env.sh: the cluster's SLURM_CONF, and for the first the service's URL, CA and admin
+    token; a further member has no service of its own (one service drives every cluster)."""
+    lines = [f"export SLURM_CONF={cluster.slurm_conf}"]
+    if cluster.member == 1:
+        lines += [
+            f"export RUNYARD_URL={cluster.service_url}",
+            f"export RUNYARD_CA={cluster.tls.ca_cert}",
+            f'export RUNYARD_TOKEN="$(cat {cluster.admin_token_file})"',
+        ]
+    if cluster.slurm_prefix:
+        lines.append(f"export PATH={cluster.slurm_prefix}/bin:{cluster.slurm_prefix}/sbin:$PATH")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def topology_of(cluster: DevCluster) -> str:
@@ -275,7 +344,7 @@ def topology_of(cluster: DevCluster) -> str:
     return "block" if has_block else "tree"
 
 
-def _saved_shape(cluster: DevCluster) -> ClusterShape | None:
+def saved_shape(cluster: DevCluster) -> ClusterShape | None:
     path = cluster.state_dir / "shape.json"
     return ClusterShape(**json.loads(path.read_text())) if path.exists() else None
 
@@ -352,17 +421,11 @@ def up(
     shape = ClusterShape(num_nodes=num_nodes, leaf_size=leaf_size or default_leaf)
     ensure_slurm_installed(say, cluster.slurm_prefix)
     table = cluster.table.load()
-    saved = _saved_shape(cluster)
-    slurm_running = any(is_alive(p) for n, p in table.items() if n.startswith("slurm"))
-    if saved is not None and saved != shape and slurm_running:
-        raise DevClusterError(
-            f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
-            f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
-        )
+    check_shape_unchanged(cluster, shape, table)
     running = sum(1 for n, p in table.items() if n.startswith("slurmd:") and is_alive(p))
     _check_machine(shape, running)
     with_accounting = accounting.available()
-    changed = _write_configs(cluster, shape, with_accounting)
+    changed = write_configs(cluster, shape, with_accounting)
     _ensure_munge(table, cluster)
     cluster.table.save(table)
     if with_accounting:
@@ -371,12 +434,54 @@ def up(
             cluster.state_dir, table, cluster.slurm_env(), _wait, cluster.port_offset
         )
         cluster.table.save(table)
-        accounting.ensure_cluster_registered("runyard-dev", cluster.slurm_env())
+        accounting.ensure_cluster_registered(cluster.cluster_name, cluster.slurm_env())
+    start_slurm(cluster, shape, table, changed, with_accounting, say)
 
+    say("making sure its users, their Slurm accounts and the service's sudoers rule exist")
+    # The sudoers rule names the environment's bin/python3, as the service's gate does.
+    opened = identity.ensure(
+        cluster.state_dir,
+        str(Path(sys.prefix) / "bin" / "python3"),
+        cluster.slurm_env(),
+        with_accounting,
+    )
+    for folder in opened:
+        say(f"made {folder} searchable (o+x) so the dev users can run {sys.executable}")
+    # Its own CA and the service's certificate (tls.py): the service's user exists now.
+    tls.ensure(cluster.tls.folder, identity.SERVICE_USER)
+    if with_service:
+        _start_service(cluster, table, shape, say)
+    say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
+    return cluster
+
+
+def check_shape_unchanged(
+    cluster: DevCluster, shape: ClusterShape, table: dict[str, Started]
+) -> None:
+    """Refuse another shape while the cluster's Slurm runs with the one it was given."""
+    saved = saved_shape(cluster)
+    slurm_running = any(is_alive(p) for n, p in table.items() if n.startswith("slurm"))
+    if saved is not None and saved != shape and slurm_running:
+        raise DevClusterError(
+            f"the dev cluster in {cluster.state_dir} runs with {saved.num_nodes} nodes "
+            f"(leaf size {saved.leaf_size}); run `runyard dev down` first to change its shape"
+        )
+
+
+def start_slurm(
+    cluster: DevCluster,
+    shape: ClusterShape,
+    table: dict[str, Started],
+    changed: bool,
+    with_accounting: bool,
+    say: Progress,
+) -> None:
+    """slurmctld (started, restarted or reconfigured as its configs `changed`), then one
+    slurmd per node, waited for until every node registered; what runs is left running."""
     conf = str(cluster.slurm_conf)
     log_dir = cluster.state_dir / "log"
     if not (p := table.get("slurmctld")) or not is_alive(p):
-        say("starting slurmctld")
+        say(f"starting slurmctld ({cluster.cluster_name})")
         _start_slurmctld(cluster, table)
     elif changed and _accounting_changed(cluster, with_accounting):
         # slurmctld reads AccountingStorageType at start only; its saved state keeps the jobs.
@@ -396,25 +501,8 @@ def up(
                 env=cluster.slurm_env(),
             )
     cluster.table.save(table)
-    say(f"waiting for {num_nodes} slurmd nodes to register")
+    say(f"waiting for {shape.num_nodes} slurmd nodes of {cluster.cluster_name} to register")
     _wait("the slurmd nodes", lambda: _nodes_ready(cluster, shape.node_names), 60)
-
-    say("making sure its users, their Slurm accounts and the service's sudoers rule exist")
-    # The sudoers rule names the environment's bin/python3, as the service's gate does.
-    opened = identity.ensure(
-        cluster.state_dir,
-        str(Path(sys.prefix) / "bin" / "python3"),
-        cluster.slurm_env(),
-        with_accounting,
-    )
-    for folder in opened:
-        say(f"made {folder} searchable (o+x) so the dev users can run {sys.executable}")
-    # Its own CA and the service's certificate (tls.py): the service's user exists now.
-    tls.ensure(cluster.tls.folder, identity.SERVICE_USER)
-    if with_service:
-        _start_service(cluster, table, shape, say)
-    say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
-    return cluster
 
 
 def _start_slurmctld(cluster: DevCluster, table: dict[str, Started]) -> None:
@@ -626,8 +714,19 @@ def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
 
 
 def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
-    """Stop what `up` started, newest first. Returns the names that were running."""
+    """Stop what `up` started, newest first, and the further clusters of `--clusters`
+    before the first (their slurmctlds report to its slurmdbd). Returns the names that were
+    running, a member's under its cluster's name (runyard-dev-b/slurmctld)."""
     cluster = cluster or DevCluster(default_state_dir())
+    stopped = []
+    for member in cluster.members_started():
+        stopped += _stop_recorded(member, say, label=f"{member.cluster_name}/")
+    return stopped + _stop_recorded(cluster, say)
+
+
+def _stop_recorded(cluster: DevCluster, say: Progress, label: str = "") -> list[str]:
+    """Stop the processes of one cluster's table, clients before servers; their names,
+    each after `label`."""
     table = cluster.table.load()
     # Clients before servers: agents and the service, then the service's database, the
     # nodes, the controller, then the accounting daemon and its database, munge last.
@@ -641,9 +740,9 @@ def down(cluster: DevCluster | None = None, say: Progress = print) -> list[str]:
         if (pg_instance.shut_down if name == pg_instance.PROCESS_NAME else stop)(table[name])
     ]
     for name in stopped:
-        say(f"stopped {name}")
+        say(f"stopped {label}{name}")
     cluster.table.save({})
-    return stopped
+    return [label + name for name in stopped]
 
 
 def stop_control_plane(cluster: DevCluster) -> bool:
@@ -667,9 +766,12 @@ def stop_control_plane(cluster: DevCluster) -> bool:
 
 
 def status(cluster: DevCluster | None = None) -> dict[str, dict[str, object]]:
-    """Each process `up` started, with whether it still runs."""
+    """Each process `up` started, with whether it still runs; a further cluster's of
+    `--clusters` under its cluster's name (runyard-dev-b/slurmctld)."""
     cluster = cluster or DevCluster(default_state_dir())
+    labelled = [("", cluster)] + [(f"{m.cluster_name}/", m) for m in cluster.members_started()]
     return {
-        name: {"pid": proc.pid, "running": is_alive(proc), "log": proc.log}
-        for name, proc in cluster.table.load().items()
+        label + name: {"pid": proc.pid, "running": is_alive(proc), "log": proc.log}
+        for label, one in labelled
+        for name, proc in one.table.load().items()
     }

@@ -105,17 +105,19 @@ def ensure_sudoers(python: str) -> None:
     draft.rename(SUDOERS_FILE)
 
 
-def ensure_slurm_accounts(env: dict[str, str]) -> None:
+def ensure_slurm_accounts(env: dict[str, str], cluster: str | None = None) -> None:
     """Accounts for the teams, their users in them, and the service a Slurm administrator:
     slurmctld lets only root, SlurmUser and AdminLevel=Administrator update a node (drain,
     resume); an operator may manage reservations and cancel jobs, not drain. Neither level
     may start a step in another user's job or run anything as anyone. sacctmgr refuses what
-    exists already: that is fine."""
+    exists already: that is fine. With `cluster`, the associations on that cluster only (a
+    further cluster of `dev up --clusters`, registered after the first's were made)."""
+    on = [f"cluster={cluster}"] if cluster else []
     teams = sorted({u.team for u in DEV_USERS})
-    _run(["sacctmgr", "-i", "add", "account", ",".join(teams)], env)
+    _run(["sacctmgr", "-i", "add", "account", ",".join(teams), *on], env)
     for user in DEV_USERS:
-        _run(["sacctmgr", "-i", "add", "user", user.name, f"account={user.team}"], env)
-    _run(["sacctmgr", "-i", "add", "user", SERVICE_USER, "account=ops"], env)
+        _run(["sacctmgr", "-i", "add", "user", user.name, f"account={user.team}", *on], env)
+    _run(["sacctmgr", "-i", "add", "user", SERVICE_USER, "account=ops", *on], env)
     _run(["sacctmgr", "-i", "modify", "user", SERVICE_USER, "set", "adminlevel=admin"], env)
 
 

@@ -15,6 +15,9 @@ DBD_PORT = 16819  # slurmdbd, when the dev cluster has accounting (Slurm's defau
 MARIADB_PORT = 16306  # the dev cluster's own MariaDB for slurmdbd (MariaDB's default 3306)
 SLURMD_PORT = 6818  # Slurm's default, where each node is a host of its own
 PARTITION = "train"
+# Slurm's ClusterName of the dev cluster (what `sbatch -M` and sacct's records name); the
+# further clusters of `dev up --clusters` add a letter: runyard-dev-b.
+CLUSTER_NAME = "runyard-dev"
 # The product's largest cluster (1,280 nodes of 8 GPUs). What one machine holds is less:
 # `runyard dev up` checks the memory the daemons and agents need (cluster.py).
 MAX_NODES = 1280
@@ -92,7 +95,7 @@ class Network:
 def one_box(
     shape: ClusterShape,
     *,
-    cluster_name: str = "runyard-dev",
+    cluster_name: str = CLUSTER_NAME,
     first_slurmd_port: int = FIRST_SLURMD_PORT,
     controller_port: int = CONTROLLER_PORT,
 ) -> Network:
@@ -142,12 +145,22 @@ def render(
     accounting: bool = False,
     topology: str = "tree",
     port_offset: int = 0,
+    shared_dbd_port: int | None = None,
 ) -> dict[str, str]:
     """The config files, by file name, for a cluster rooted at `state_dir`: slurm.conf,
     topology.conf, gres.conf, and slurmdbd.conf with `accounting`. `topology` "block"
     describes the leaves as topology/block's blocks (Slurm 24.05+); `port_offset` moves
-    slurmdbd's and MariaDB's ports, for a second cluster beside the first."""
+    slurmdbd's and MariaDB's ports, for a second cluster beside the first.
+
+    `shared_dbd_port` is another cluster's slurmdbd, which this one registers with instead
+    of running its own (a further cluster of `dev up --clusters`, in Slurm's multi-cluster
+    operation): slurm.conf points there and no slurmdbd.conf is rendered."""
     net = network or one_box(shape)
+    own_dbd_port = DBD_PORT + port_offset
+    if shared_dbd_port is not None:
+        dbd_port: int | None = shared_dbd_port
+    else:
+        dbd_port = own_dbd_port if accounting else None
     if topology == "block" and shape.num_nodes % shape.leaf_size:
         raise ValueError(
             f"--nodes {shape.num_nodes}: topology/block wants whole blocks, a multiple of "
@@ -183,7 +196,7 @@ def render(
         memory_mb_per_node=shape.memory_mb_per_node,
         partition=PARTITION,
         max_time="INFINITE",
-        dbd_port=DBD_PORT + port_offset if accounting else None,
+        dbd_port=dbd_port,
         topology=topology,
     )
     topology_conf = env.get_template("topology.conf.j2").render(
@@ -196,9 +209,9 @@ def render(
     )
     gres_conf = env.get_template("gres.conf.j2").render(**common, device_dir=str(state_dir / "dev"))
     files = {"slurm.conf": slurm_conf, "topology.conf": topology_conf, "gres.conf": gres_conf}
-    if accounting:
+    if accounting and shared_dbd_port is None:
         files["slurmdbd.conf"] = env.get_template("slurmdbd.conf.j2").render(
-            dbd_port=DBD_PORT + port_offset,
+            dbd_port=own_dbd_port,
             storage_port=MARIADB_PORT + port_offset,
             slurm_user="root",
             state_dir=str(state_dir),
