@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from contract import ModelShape
 from planner import reliability
+from service.clusters import failover
 from service.config import Settings
 from service.recovery import hangs
 from sim import policy
@@ -52,6 +53,11 @@ PEER_BYTES_PER_S_PER_GPU = 50e9
 HOST_COPY_BYTES_PER_S = 32e9
 ASYNC_SAVE_PLANNING_S = 1.0
 
+# A checkpoint copied between two clusters that mount no common filesystem crosses a data
+# centre interconnect: one 400 Gb/s coherent wavelength (OIF's 400ZR implementation
+# agreement, links up to 120 km), 50 GB/s, slower than either cluster's storage.
+DCI_BYTES_PER_S = 50e9
+
 
 @dataclass(frozen=True)
 class PhaseCosts:
@@ -67,6 +73,7 @@ class PhaseCosts:
     heal_s: float  # a resubmitted replica group receives the state from a live peer
     survivor_stall_s: dict[Report, float]  # the other groups, until the quorum drops one
     checkpoint_stall_s: float  # training blocked per asynchronous checkpoint
+    checkpoint_copy_s: float  # to another cluster that does not mount the checkpoint
 
     @property
     def classic_restart_s(self) -> float:
@@ -130,4 +137,7 @@ def phase_costs(
             for r, d in detect.items()
         },
         checkpoint_stall_s=size / num_gpus / HOST_COPY_BYTES_PER_S + ASYNC_SAVE_PLANNING_S,
+        checkpoint_copy_s=failover.checkpoint_copy_s(
+            size, min(DCI_BYTES_PER_S, storage), mounts_checkpoint=False
+        ),
     )

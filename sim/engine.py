@@ -11,6 +11,13 @@ drained or restarted in place as the service does, and recovered on the path the
 `choose_recovery_path` picks: FAST (only the failed groups restart onto spares and heal
 from a live peer; the others lose a step) or CLASSIC (the whole run restarts from its last
 committed checkpoint). Every second of the allocation lands in the ledger (sim/ledger.py).
+
+With `clusters=2` a second cluster of the same size stands by, and with `outage_scale` the
+clusters go down whole at the published rate (sim/outages.py). While its cluster is down the
+run waits; at every change the service's failover rule (service/clusters/failover.py) says
+whether it stays, waits, or moves, and a move restarts it on the other cluster from its last
+committed checkpoint, where it stays. With one cluster the same rule finds no other cluster
+and the run waits the outage out: the comparison the bench prints.
 """
 
 from __future__ import annotations
@@ -23,64 +30,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import reliability
+from service.clusters.failover import FailoverAction, MoveCost, OtherCluster, RunCluster
 from service.config import Settings
 from service.models import RecoveryAction, RecoveryPath
-from sim import failures
+from sim import failures, outages
 from sim.cluster import Cluster
-from sim.costs import NCCL_TRANSPORT_TIMEOUT_S, PhaseCosts, phase_costs
+from sim.costs import NCCL_TRANSPORT_TIMEOUT_S, phase_costs
 from sim.failures import NODES_PER_LEAF, Failure, Report
 from sim.ledger import Ledger, Use
 from sim.live_interval import LiveInterval
+from sim.outages import Outage
 from sim.policy import Policy
-from sim.run_shape import RunShape, planned_run
+from sim.run_config import SimConfig, SimResult
+from sim.run_shape import HARDWARE, RunShape, planned_run
 
 INF = math.inf
 LIVE_EVERY_S = 3600.0  # the live interval is also looked at hourly: failures leave its window
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    days: float = 30.0
-    scale: float = 1.0  # x Llama 3's failure rate
-    pool: int | None = None  # spare nodes; None: the size the policy gives
-    fast_path: bool = True  # False: today's classic path for every failure
-    seed: int = 0
-    min_nodes: int | None = None  # the run's spec: shrink down to this rather than wait
-    # The spare policy for correlated failures (service/recovery/spares.py): the pool sized
-    # for one leaf switch besides the independent failures (capped at 1.5% of the nodes),
-    # spares handed out by whole replica groups keeping a reserve. False: the policy before
-    # it, as the reconciler still acts today: the planner's pool for independent failures
-    # only, a spare for each failed node as it comes.
-    leaf_aware: bool = True
-    # Seconds of training between checkpoints; None: the planner's for the path the run
-    # recovers on (`Reliability.interval_s_for`): the fast path's (Daly's for its classic
-    # fallbacks, capped at an hour) when fast_path, else the classic one (Daly's).
-    interval_s: float | None = None
-    # The service's live interval (sim/live_interval.py): from the interval above, the run
-    # is told a new one as the failures the cluster has seen over the window change it.
-    live_interval: bool = False
-
-
-@dataclass
-class SimResult:
-    config: SimConfig
-    goodput: float
-    badput: dict[str, float]
-    recoveries: Counter[str]
-    classic_because: Counter[str]
-    worst_hour: tuple[int, float]
-    pool_size: int
-    pool_ran_dry: bool  # a failed node found the pool empty, or short of its group's need
-    nodes_without_spare: int  # failed nodes not replaced at once (dry or held back)
-    held_back: int  # of them: left waiting for their leaf so that the reserve stays
-    single_found_none: bool  # a one-node failure (the independent kind) found no spare
-    leaf_failures: int  # whole-leaf failures that hit the run
-    failures: int
-    drained: int
-    spares_same_leaf: int
-    spares_used: int
-    checkpoint_interval_s: float
-    costs: PhaseCosts
 
 
 @dataclass
@@ -124,6 +89,10 @@ class Simulation:
         rate_per_h = failures.failure_rate_per_s(self.run.num_gpus, config.scale) * 3600
         self.reserve = self.policy.reserve(rate_per_h) if config.leaf_aware else None
         self.cluster = Cluster(self.policy, run_nodes=self.run.num_nodes, pool_target=pool)
+        self.home = 0  # the index of the run's cluster
+        self.down: dict[int, Outage] = {}  # the clusters out now
+        self.down_seen = 0.0  # when the service saw the run's cluster go
+        self.lost_s = 0.0  # training lost when it went
         self.costs = phase_costs(
             self.run.model,
             num_gpus=self.run.num_gpus,
@@ -133,6 +102,13 @@ class Simulation:
             assumptions=assumptions,
         )
         self.cycle_s = self.interval_s + self.costs.checkpoint_stall_s
+        self.copy_s = 0.0 if config.shared_checkpoint else self.costs.checkpoint_copy_s
+        self.limit_s = self.policy.failover_limit_s(
+            config.failover_after_s
+            if config.failover_after_s is not None
+            else self.settings.failover_after_s,
+            self.copy_s,
+        )
         self.live = (
             LiveInterval(
                 self.settings,
@@ -169,6 +145,9 @@ class Simulation:
         self.drained = 0
         self.same_leaf = 0
         self.spares_used = 0
+        self.outages_hit = 0
+        self.moves: list[MoveCost] = []
+        self.decisions: Counter[str] = Counter()
 
     # --- the event queue ------------------------------------------------------------------
 
@@ -187,6 +166,11 @@ class Simulation:
             scale=self.cfg.scale,
         ):
             self.at(f.at_s, "fail", f)
+        cfg = self.cfg
+        for o in outages.draw_outages(
+            cfg.seed, days=cfg.days, clusters=cfg.clusters, scale=cfg.outage_scale
+        ):
+            self.at(o.at_s, "outage", o)
         if self.live is not None:
             self.at(LIVE_EVERY_S, "rederive")
         while self.events:
@@ -213,6 +197,10 @@ class Simulation:
             spares_used=self.spares_used,
             checkpoint_interval_s=self.interval_s,
             costs=self.costs,
+            outages_hit=self.outages_hit,
+            moves=self.moves,
+            decisions=self.decisions,
+            failover_limit_s=self.limit_s,
         )
 
     # --- where the time goes --------------------------------------------------------------
@@ -241,20 +229,26 @@ class Simulation:
         self.ledger.charge(Use.DEGRADED, t0, now, (planned - self.groups_now()) / planned)
         self.segments.append((t0, now, train))
 
-    def lose_work_since_commit(self, t: float) -> None:
+    def lose_work_since_commit(self, t: float) -> float:
         """A classic restore: what was trained after the newest committed checkpoint is
-        redone. Save k blocks at train_start + k x cycle and commits write_s later."""
+        redone. Save k blocks at train_start + k x cycle and commits write_s later. The
+        seconds of training lost."""
         k = math.floor((t - self.write_s - self.train_start) / self.cycle_s)
         restore = self.train_start + max(0, k) * self.cycle_s
+        lost = 0.0
         for s0, s1, w in self.segments:
             lo, hi = max(s0, restore), min(s1, t)
             if hi > lo:
                 self.ledger.move(Use.PRODUCTIVE, Use.RECOMPUTE, lo, hi, w)
+                lost += (hi - lo) * w
         self.segments = []
+        return lost
 
     # --- events ---------------------------------------------------------------------------
 
     def on_fail(self, t: float, f: Failure) -> None:
+        if self.home in self.down:
+            return  # the run's nodes are not running: its cluster is out
         if self.live is not None:  # the service counts it, and may move the interval
             self.live.observe(t)
             self.rederive(t)
@@ -275,7 +269,7 @@ class Simulation:
                 # A spare or a free node: the service drains what is ours; either way it is
                 # out until repaired.
                 cluster.drain(node, f.cause.signal)
-                self.at(back, "repaired", node)
+                self.at(back, "repaired", (cluster, node))
         if not in_run:
             return
         self.failures += 1
@@ -288,7 +282,7 @@ class Simulation:
                 cluster.drain(node, f.cause.signal)
                 cluster.set_slot(slot, None)
                 self.drained += 1
-                self.at(back, "repaired", node)
+                self.at(back, "repaired", (cluster, node))
                 drained[slot] = node
             elif f.cause.broken:
                 self.broken_in_run.add(node)  # restarted in place on a broken node
@@ -441,10 +435,12 @@ class Simulation:
         if g in self.groups_out and self.groups_out[g][2] == token:
             del self.groups_out[g]
 
-    def on_repaired(self, t: float, node: str) -> None:
-        cluster = self.cluster
+    def on_repaired(self, t: float, payload: tuple[Cluster, str]) -> None:
+        cluster, node = payload
         cluster.repaired(node)
         cluster.refill()  # the reconciler's order: spares first, then placement
+        if cluster is not self.cluster or self.home in self.down:
+            return  # a cluster the run left, or the run's own while it is out
         stop = self.stop
         classic = stop is not None and stop.classic
         filled = cluster.fill_holes(None if classic else self.run.group_nodes, self.reserve)
@@ -458,6 +454,99 @@ class Simulation:
         for g in {i // self.run.group_nodes for i in filled}:
             if g in self.groups_out and self.groups_out[g][1] == INF:
                 self.group_out(g, t)
+
+    # --- whole-cluster outages and failover (sim/outages.py, service/clusters) ----------
+
+    def on_outage(self, t: float, o: Outage) -> None:
+        if o.cluster in self.down and self.down[o.cluster].until_s >= o.until_s:
+            return  # inside a longer outage of the same cluster
+        self.down[o.cluster] = o
+        self.at(o.until_s, "outage_end", o)
+        if o.cluster != self.home:
+            return
+        self.outages_hit += 1
+        self.lost_s = 0.0
+        if self.stop is None or not self.stop.classic:
+            self.lost_s = self.lose_work_since_commit(t)
+        self.groups_out.clear()
+        self.begin_stop(t, [(Use.CLUSTER_DOWN, INF)], classic=True)
+        # The service sees a silent controller at its next tick, dead nodes by their
+        # heartbeats; it asks the rule at every tick, which changes its answer at the limit.
+        tick = self.settings.reconcile_interval_s
+        seen = tick if o.cause.controller_down else self.costs.detect_s[Report.HEARTBEAT]
+        self.down_seen = t + seen
+        self.at(self.down_seen + math.ceil(self.limit_s / tick) * tick, "recheck", self.stop_id)
+
+    def on_outage_end(self, t: float, o: Outage) -> None:
+        if self.down.get(o.cluster) is not o:
+            return
+        del self.down[o.cluster]
+        stop = self.stop
+        if stop is None or stop.phases[-1] != (Use.CLUSTER_DOWN, INF):
+            return
+        if o.cluster == self.home:  # back before the run moved: it restarts at home
+            stop.phases[-1] = (Use.CLUSTER_DOWN, t)
+            self.restart(t)
+        else:  # another cluster is back: it may take the run now
+            self.on_recheck(t, self.stop_id)
+
+    def on_recheck(self, t: float, stop_id: int) -> None:
+        """The service's failover rule for the run, its cluster out since `down_seen`."""
+        if stop_id != self.stop_id or self.home not in self.down:
+            return
+        controller_down = self.down[self.home].cause.controller_down
+        waited = max(0.0, t - self.down_seen)
+        home = RunCluster(
+            name=str(self.home),
+            unreachable_for_s=waited if controller_down else None,
+            healthy_nodes=0,
+            spare_nodes=0,
+            short_for_s=waited,
+            run_stepping=False,
+        )
+        size = self.run.num_nodes + self.cluster.pool_target
+        free = size if self.cfg.other_free_nodes is None else self.cfg.other_free_nodes
+        others = [
+            OtherCluster(
+                name=str(c),
+                hardware=HARDWARE,
+                reachable=c not in self.down or not self.down[c].cause.controller_down,
+                free_nodes=0 if c in self.down else free,
+                mounts_checkpoint=self.cfg.shared_checkpoint,
+            )
+            for c in range(self.cfg.clusters)
+            if c != self.home
+        ]
+        decision = self.policy.failover_decision(
+            home, others, self.run.num_nodes, HARDWARE, self.limit_s
+        )
+        self.decisions[decision.reason.value] += 1
+        if decision.action == FailoverAction.FAIL_OVER and decision.target is not None:
+            self.fail_over(t, int(decision.target))
+
+    def fail_over(self, t: float, target: int) -> None:
+        """The run starts on `target` from its last committed checkpoint (its work since
+        was already counted lost when its cluster went) and stays there."""
+        assert self.stop is not None
+        cost = self.policy.move_cost(
+            waited_s=t - self.stop.start,
+            resubmit_s=self.costs.resubmit_s,
+            queue_start_s=self.costs.queue_start_s,
+            start_and_init_s=self.costs.start_and_init_s,
+            restore_s=self.costs.checkpoint_read_s,
+            copy_s=self.copy_s,
+            lost_work_s=self.lost_s,
+        )
+        self.moves.append(cost)
+        self.home = target
+        self.cluster = Cluster(
+            self.policy, run_nodes=self.run.num_nodes, pool_target=self.cluster.pool_target
+        )
+        self.broken_in_run.clear()
+        end = t + cost.requeue_start_s + cost.checkpoint_copy_s + cost.restore_s
+        self.stop.phases[-1] = (Use.CLUSTER_DOWN, t)
+        self.stop.phases.append((Use.FAILOVER, end))
+        self.at(end, "resume", self.stop_id)
 
 
 def simulate(config: SimConfig, run: RunShape | None = None) -> SimResult:

@@ -19,6 +19,8 @@ class Use(StrEnum):
     CHECKPOINT = "checkpoint"  # training blocked by an asynchronous checkpoint save
     DEGRADED = "degraded"  # part of the run recovering or shrunk while the rest trains
     WAITING_SPARE = "waiting_spare"  # nodes missing and no spare to replace them
+    CLUSTER_DOWN = "cluster_down"  # the run's cluster cannot run it (sim/outages.py)
+    FAILOVER = "failover"  # moving: requeue, start, checkpoint copy and restore elsewhere
 
 
 BADPUT = [u for u in Use if u != Use.PRODUCTIVE]

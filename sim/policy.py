@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from contract import ModelShape
 from planner import reliability
 from planner.reliability import Reliability
+from service.clusters import failover
 from service.config import Settings
 from service.models import NodeState, RecoveryAction
 from service.reconcile import placement as run_placement
@@ -109,6 +110,29 @@ class Policy:
         """The planner's interval for the path the run recovers on: on the fast path disk
         checkpoints serve only its classic fallbacks (capped at an hour), else Daly's."""
         return rel.interval_s_for(fast_path)
+
+    @staticmethod
+    def failover_limit_s(setting_s: float | None, copy_s: float) -> float:
+        """How long a run waits for a cluster that cannot run it before it moves."""
+        return failover.failover_limit_s(setting_s, copy_s)
+
+    @staticmethod
+    def failover_decision(
+        home: failover.RunCluster,
+        others: Sequence[failover.OtherCluster],
+        need_nodes: int,
+        hardware: str,
+        limit_s: float,
+    ) -> failover.FailoverDecision:
+        """Stay, wait, or move the run to which cluster (one the planner lays it out on)."""
+        return failover.decide(
+            home, others, need_nodes=need_nodes, hardware={hardware}, limit_s=limit_s
+        )
+
+    @staticmethod
+    def move_cost(**phases: float) -> failover.MoveCost:
+        """The failover's cost model, phase by phase."""
+        return failover.move_cost(**phases)
 
 
 def heartbeat_detect_s(settings: Settings) -> float:

@@ -42,3 +42,11 @@ class ClusterSettings(AreaSettings):
         default="h100-sxm", description="GPU type of the cluster, for the planner's admission."
     )
     network: str = Field(default="ib", description="ib or efa, for the planner's admission.")
+    failover_after_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long a run waits for a cluster that cannot run it (controller "
+        "silent, or too few healthy nodes with the spares gone) before it moves to another "
+        "(None: the time its checkpoint copy takes, at least Slurm's SlurmctldTimeout "
+        "default of 120 s; service/clusters/failover.py).",
+    )
