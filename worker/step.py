@@ -168,7 +168,7 @@ def train_step(
     # sync (groups): gradient shards and losses summed with the same mesh coordinate in
     # every other group (nothing without replica groups).
     loss_sum, num_losses = sync.sum_gradients(grads, loss_sum, num_losses)
-    grad_norm = clip_grad_norm(model.parts, config.grad_clip, dims.mesh("pp"))
+    grad_norm = clip_grad_norm(model.parameters(), config.grad_clip, dims.mesh("pp"))
     if not sync.should_commit():  # a group failed during the step: apply nothing
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)

@@ -220,7 +220,7 @@ def train_loop(
     saves = CheckpointCadence(config, reporter, state, is_rank0, fault_points)
     saves.last_step = _resume(config, state, trainer, reporter, sync, is_rank0)
     reports = ReportCadence(config, reporter, device, trainer.step, is_rank0, time_limit_near)
-    parameters = [p for part in model.parts for p in part.parameters()]
+    parameters = model.parameters()
     checks = HealthChecks(config, dims, parameters, device, sync, reporter, is_rank0, reports.nodes)
     writer = sync.writes_checkpoints()  # this group writes the run's checkpoints
     # sync (groups): the next step is agreed with the other replica groups (a replacement

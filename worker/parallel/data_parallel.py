@@ -72,15 +72,15 @@ def set_micro_batch_sync(parts: Sequence[nn.Module], zero_stage: int, last: bool
 
 
 def clip_grad_norm(
-    parts: Sequence[nn.Module], max_norm: float, pp_mesh: DeviceMesh | None
+    parameters: Sequence[nn.Parameter], max_norm: float, pp_mesh: DeviceMesh | None
 ) -> torch.Tensor:
-    """Clip by the global gradient norm over every parameter of the whole model.
+    """Clip by the global gradient norm over `parameters`, every one of this rank's parts.
 
     A DTensor norm is the norm of this rank's shards; `full_tensor()` combines it over the
     ranks that shard the parameters (dp, tp). Pipeline stages hold different parameters, so
     their squared norms are summed over the pp group.
     """
-    params = [p for part in parts for p in part.parameters() if p.grad is not None]
+    params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     if isinstance(norm, DTensor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,9 +77,17 @@ class TrainingModel:
     has_first_stage: bool  # takes token ids
     has_last_stage: bool  # produces logits and the loss
     autocast: Callable[[], AbstractContextManager[object]]
+    # Every part's parameters, listed once: the modules are parallelized before this is
+    # built and keep their parameters from then on (FSDP's sharded ones outside a step;
+    # a checkpoint loads into them in place). Listing them walks every module: ~0.3 ms a
+    # step on the overhead bench's small model, a third of the loop's cost over a plain one.
+    listed: list[torch.nn.Parameter] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.listed = [p for part in self.parts for p in part.parameters()]
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        return [p for part in self.parts for p in part.parameters()]
+        return self.listed
 
 
 def build_training_model(
