@@ -30,12 +30,15 @@ PYTEST := $(VENV)/bin/pytest -ra --durations=30
 
 # The quick check: every unit test, and one real-Slurm, real-Postgres test of each whole
 # path (marked whole_path: submit and cancel, an Xid onto a spare, fast recovery, ...).
-# One tier after the other: side by side (two pytest processes on these two cores) they
-# took as long in all (1171 s against ~1180 s, 2026-12-06): the whole paths' ranks compute
-# too, and the Trainer's whole path alone went from 137 s to 263 s.
+# The unit tests run in two processes (pytest-xdist; each its own test database): alone,
+# one pytest process kept a core idle while a test waited on its subprocesses (274 s in one
+# process, 171 s in two, 2026-12-06). The whole paths share the dev cluster's nodes, so they
+# run after, in one process. (Both tiers side by side took as long in all, 1171 s against
+# ~1180 s on 2026-12-06: the whole paths' ranks compute too.)
 test: up
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
-	$(PYTEST) -m "(not integration and not heavy) or whole_path"
+	$(PYTEST) -n 2 -m "not integration and not heavy" tests/unit
+	$(PYTEST) -m whole_path tests/integration
 
 # Everything, as CI runs it: every integration test on the real Postgres and Slurm.
 test-all: up

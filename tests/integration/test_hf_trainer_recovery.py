@@ -26,10 +26,10 @@ from tests.integration.conftest import (
 pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STEPS, SAVE_STEPS = 120, 20
+STEPS, SAVE_STEPS = 80, 20
 # 0.2-0.6 s a step on two busy cores: the failure (3 steps past the first commit, step 20)
-# is detected and the node drained in a few seconds (10-30 steps), long before the last
-# step; the second attempt trains 80-100 steps, so the run stays short for make test.
+# is detected and the node drained in a few seconds (10-30 steps), well before the last
+# step; the second attempt trains 40-60 steps, so the run stays short for make test.
 ARGS = ["--save-steps", str(SAVE_STEPS), "--seq-len", "256", "--batch-size", "16"]
 
 

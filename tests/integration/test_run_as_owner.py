@@ -87,7 +87,9 @@ def alices_private_data() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.whole_path
+# In make test-all only: its paths are make test's elsewhere (an Xid onto a spare:
+# test_observability; a run as its owner, in her account: test_login; no reach beyond the
+# owner's runs: the probes below).
 @pytest.mark.timeout(600)
 def test_two_teams_runs_run_as_their_owners_and_both_recover_onto_a_spare(
     service: ServiceProcess, agents: Agents, slurm_cluster: Any
