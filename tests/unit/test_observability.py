@@ -52,9 +52,10 @@ def test_state_gauges_follow_the_database(db_session: Session) -> None:
     db_session.add_all(
         [
             Node(
+                cluster="default",
                 name="obs001", state=NodeState.SPARE, last_heartbeat_at=now - timedelta(seconds=7)
             ),
-            Node(name="obs002", state=NodeState.DRAINED, num_app_errors=0),
+            Node(cluster="default", name="obs002", state=NodeState.DRAINED, num_app_errors=0),
         ]
     )
     run = add_run(db_session, RunState.RUNNING, name="watched", tokens_per_s=10000.0)

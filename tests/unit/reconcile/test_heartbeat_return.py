@@ -44,7 +44,7 @@ def returned_after(node: str) -> list[float]:
 def beat(cluster: Cluster, node: str) -> None:
     """The node's agent heartbeats now, as POST /v1/nodes/{node}/heartbeat records it."""
     with session_scope() as session:
-        nodes.touch_heartbeats(session, [node], cluster.settings)
+        nodes.touch_heartbeats(session, "default", [node], cluster.settings)
 
 
 def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -> None:
@@ -75,7 +75,7 @@ def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -
     at = last + period
     with session_scope() as session:
         while at < now:
-            nodes.touch_heartbeats(session, [node], cluster.settings, now=at)
+            nodes.touch_heartbeats(session, "default", [node], cluster.settings, now=at)
             at += period
     beat(cluster, node)
 
