@@ -172,7 +172,7 @@ def test_scontrol_show_job_gives_final_states_and_exit_codes(recorded: Recording
         forms.append(queries.show_jobs_json)
     for show_jobs in forms:
         check_job_details(recorded, show_jobs(LOCAL, ids))
-        assert show_jobs([failed])[failed].exit_code == 3  # asked by id
+        assert show_jobs(LOCAL, [failed])[failed].exit_code == 3  # asked by id
 
 
 def test_forgotten_jobs_are_an_answer_not_an_outage(recorded: Recording) -> None:
