@@ -92,7 +92,7 @@ _STREAK_SINCE = case(
 
 _TOUCH_HEARTBEAT = (
     update(_nodes)
-    .where(_nodes.c.cluster == bindparam("cluster"), _nodes.c.name == bindparam("node_name"))
+    .where(_nodes.c.cluster == bindparam("on_cluster"), _nodes.c.name == bindparam("node_name"))
     .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
 )
@@ -103,7 +103,7 @@ def touch_heartbeat(
 ) -> bool:
     """One UPDATE; False when `cluster` has no such node. A beat more than `max_gap` after
     the previous one starts a new streak."""
-    params = {"cluster": cluster, "node_name": name, "now": now, "gap_before": now - max_gap}
+    params = {"on_cluster": cluster, "node_name": name, "now": now, "gap_before": now - max_gap}
     return session.execute(_TOUCH_HEARTBEAT, params).first() is not None
 
 
@@ -115,13 +115,13 @@ _TOUCH_HEARTBEATS = (
         _nodes.c.name.in_(
             select(_nodes.c.name)
             .where(
-                _nodes.c.cluster == bindparam("cluster"),
+                _nodes.c.cluster == bindparam("on_cluster"),
                 _nodes.c.name == func.any(bindparam("node_names", type_=ARRAY(String))),
             )
             .order_by(_nodes.c.name)
             .with_for_update()
         ),
-        _nodes.c.cluster == bindparam("cluster"),
+        _nodes.c.cluster == bindparam("on_cluster"),
     )
     .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
@@ -134,7 +134,7 @@ def touch_heartbeats(
     """One UPDATE for many nodes of `cluster`; returns the names that exist (streaks as
     touch_heartbeat)."""
     params = {
-        "cluster": cluster,
+        "on_cluster": cluster,
         "node_names": list(names),
         "now": now,
         "gap_before": now - max_gap,
@@ -171,7 +171,7 @@ _INSERT_NODE_EVENTS = (
             _node_events.c.created_at,
         ],
         select(
-            bindparam("cluster", type_=String),
+            bindparam("on_cluster", type_=String),
             bindparam("node_name", type_=String),
             *(_event_rows.c[name] for name in _EVENT_COLUMNS),
             bindparam("created_at", type_=DateTime(timezone=True)),
@@ -194,6 +194,6 @@ def insert_node_events(
     `rows` hold the columns of _EVENT_COLUMNS (observed_at a datetime or None).
     """
     events = json.dumps(rows, default=datetime.isoformat)
-    params: dict[str, Any] = {"events": events, "cluster": cluster, "node_name": node_name}
+    params: dict[str, Any] = {"events": events, "on_cluster": cluster, "node_name": node_name}
     params["created_at"] = created_at
     return set(session.scalars(_INSERT_NODE_EVENTS, params).all())

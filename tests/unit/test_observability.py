@@ -53,7 +53,9 @@ def test_state_gauges_follow_the_database(db_session: Session) -> None:
         [
             Node(
                 cluster="default",
-                name="obs001", state=NodeState.SPARE, last_heartbeat_at=now - timedelta(seconds=7)
+                name="obs001",
+                state=NodeState.SPARE,
+                last_heartbeat_at=now - timedelta(seconds=7),
             ),
             Node(cluster="default", name="obs002", state=NodeState.DRAINED, num_app_errors=0),
         ]

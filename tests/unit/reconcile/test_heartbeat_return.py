@@ -63,7 +63,7 @@ def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -
             .where(Incident.node_name == node)
             .values({s: getattr(Incident, s) - shift for s in stamps})
         )
-        row = nodes.require_node(session, node, for_update=True)
+        row = nodes.require_node(session, "default", node, for_update=True)
         assert row.last_heartbeat_at is not None
         row.last_heartbeat_at -= shift
         if row.heartbeats_since is not None:
@@ -154,7 +154,7 @@ def xid_while_drained(cluster: Cluster, node: str) -> None:
 
 def admin_drain(cluster: Cluster, node: str) -> None:
     with session_scope() as session:
-        admin.request_drain(session, node, "flapping, RMA")
+        admin.request_drain(session, "default", node, "flapping, RMA")
 
 
 def slurm_drain_by_someone_else(cluster: Cluster, node: str) -> None:
