@@ -20,6 +20,7 @@ from service.admin.users import router as users_router
 from service.agents.endpoints import router as agents_router
 from service.auth.deps import watch_revocations
 from service.auth.endpoints import router as auth_router
+from service.clusters.endpoints import router as clusters_router
 from service.config import get_settings
 from service.db import get_engine, session_scope
 from service.errors import (
@@ -120,6 +121,7 @@ def create_app() -> FastAPI:
     app.include_router(runs_router)
     app.include_router(run_logs_router)
     app.include_router(sweeps_router)
+    app.include_router(clusters_router)
     app.include_router(nodes_router)
     app.include_router(agents_router)
     app.include_router(worker_router)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from planner import reliability
 from service.clusters.registry import clusters
+from service.clusters.repository import spare_target_key
 from service.config import Settings
 from service.db import session_scope
 from service.models import ClusterSetting, Node, NodeState, Run, RunState
@@ -19,7 +20,6 @@ from service.slurm.client import SlurmClient
 from service.slurm.reservations import ensure_reservation, spare_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
-TARGET_KEY = "spare_pool_target"  # one row per cluster: `spare_pool_target:<cluster>`
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.CANCELLING)
 # The most of a run's nodes the pool may hold idle (issue 14: 1.5%, 19 of 1,280 nodes).
 MAX_SPARE_SHARE = 0.015
@@ -29,23 +29,19 @@ MAX_SPARE_SHARE = 0.015
 LEAF_REPAIR_H = 4.0
 
 
-def target_key(cluster: str) -> str:
-    return f"{TARGET_KEY}:{cluster}"
-
-
 def get_target(session: Session, cluster: str, configured: int | None = None) -> int:
     """`cluster`'s pool size: what an admin set, else the clusters file's
     spare_pool_target (`configured`), else none."""
-    row = session.get(ClusterSetting, target_key(cluster))
+    row = session.get(ClusterSetting, spare_target_key(cluster))
     if row is not None:
         return int(row.value)
     return configured or 0
 
 
 def set_target(session: Session, cluster: str, size: int) -> None:
-    row = session.get(ClusterSetting, target_key(cluster), with_for_update=True)
+    row = session.get(ClusterSetting, spare_target_key(cluster), with_for_update=True)
     if row is None:
-        session.add(ClusterSetting(key=target_key(cluster), value=size))
+        session.add(ClusterSetting(key=spare_target_key(cluster), value=size))
     else:
         row.value = size
 

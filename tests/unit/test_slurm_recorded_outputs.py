@@ -27,9 +27,9 @@ from client.doctor.result import SiteSettings, Status
 from contract.slurm_features import SlurmFeature, SlurmVersion
 from service.slurm import accounting, commands, json_output, queries, version
 from service.slurm.hostlist import compress_hostlist
+from service.slurm.target import SlurmTarget
 from service.slurm.topology import TopologyKind, parse_topology
 from worker.distributed import parse_node_addr
-from service.slurm.target import SlurmTarget
 
 # The Slurm the environment reaches, as the commands' tests have always run them.
 LOCAL = SlurmTarget("")
