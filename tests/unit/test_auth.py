@@ -48,6 +48,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/v1/sweeps/{sweep_id}"): USERS,
     ("POST", "/v1/sweeps/{sweep_id}/cancel"): USERS,
     ("GET", "/v1/nodes"): USERS,
+    ("GET", "/v1/clusters"): USERS,
     ("GET", "/v1/nodes/{name}"): USERS,
     ("POST", "/v1/nodes/{name}/heartbeat"): AGENTS,
     ("POST", "/v1/nodes/{name}/events"): AGENTS,
