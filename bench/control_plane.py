@@ -444,7 +444,7 @@ def in_memory_reconciler(state: Path, num_nodes: int) -> None:
         }
     )
     with session_scope() as session:
-        spares.set_target(session, pool)
+        spares.set_target(session, slurm.cluster_name, pool)
         for i in range(STORM_RUNS):
             create_run(session, spec.model_copy(update={"name": f"train-{i}"}), settings)
     for _ in range(3):

@@ -55,8 +55,10 @@ os.environ["RUNYARD_DATABASE_URL"] = DATABASE_URL
 
 from client.devcluster import postgres  # noqa: E402
 from client.devcluster.render import ClusterShape, one_box, render  # noqa: E402
+from service.clusters.registry import default_cluster  # noqa: E402
 from service.config import Settings  # noqa: E402
 from service.db import session_scope  # noqa: E402
+from service.identity.gate import OwnerGate  # noqa: E402
 from service.models import AttemptState, RunState  # noqa: E402
 from service.reconcile import placement  # noqa: E402
 from service.reconcile.loop import Reconciler  # noqa: E402
@@ -98,7 +100,8 @@ class TimedSlurm(CliSlurmClient):
     """The CLI client, with every call counted and timed by method."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+        cluster = default_cluster(settings)
+        super().__init__(settings, OwnerGate(settings, cluster), cluster)
         self.seconds: dict[str, list[float]] = {}
 
     def __getattribute__(self, name: str) -> Any:
@@ -347,7 +350,7 @@ def measure(
         # Queued runs one node larger than what is left free: they wait, as in a full cluster.
         queued_nodes = num_nodes - num_spares - running * RUN_NODES + 1
         with session_scope() as session:
-            spares.set_target(session, num_spares)
+            spares.set_target(session, slurm.cluster_name, num_spares)
             ids = [
                 create_run(session, spec(f"train-{i}", RUN_NODES), settings).id
                 for i in range(running)
@@ -402,7 +405,7 @@ def measure(
             assert run is not None
             victim = run.nodes[-1]
             event = SignalIn(f"{victim}-xid-79", "xid", 79, XID_79, None, {})
-            ingest_node_events(session, victim, [event], settings, Classifier())
+            ingest_node_events(session, slurm.cluster_name, victim, [event], settings, Classifier())
         started = time.monotonic()
         recovery = clocked_tick(reconciler, slurm)
         ticks = 1

@@ -321,7 +321,7 @@ def measure(args: argparse.Namespace, scale: Scale) -> None:
     reconciler.tick()  # the nodes, from Slurm
     link_owner()
     with session_scope() as session:
-        spares.set_target(session, scale.spares)
+        spares.set_target(session, slurm.cluster_name, scale.spares)
         ids = [
             create_run(session, spec(f"train-{i}", scale.run_nodes), settings, OWNER).id
             for i in range(scale.runs)
@@ -392,7 +392,7 @@ def measure(args: argparse.Namespace, scale: Scale) -> None:
         assert victim_run is not None
         victim = victim_run.nodes[-1]
         event = SignalIn(f"{victim}-xid-79", "xid", 79, XID_79, None, {})
-        ingest_node_events(session, victim, [event], settings, Classifier())
+        ingest_node_events(session, slurm.cluster_name, victim, [event], settings, Classifier())
     recovery = tick_figures(reconciler, slurm, 1)
     with session_scope() as session:
         moved = repository.get_run(session, ids[0])

@@ -127,10 +127,14 @@ class RunyardClient:
     def cancel_sweep(self, sweep_id: int) -> dict[str, Any]:
         return self._call("POST", f"/v1/sweeps/{sweep_id}/cancel")
 
-    def list_runs(self, state: str | None = None, limit: int = 50) -> dict[str, Any]:
+    def list_runs(
+        self, state: str | None = None, limit: int = 50, cluster: str | None = None
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
+        if cluster:
+            params["cluster"] = cluster
         return self._call("GET", "/v1/runs", params=params)
 
     def get_run(self, run_id: int) -> dict[str, Any]:
@@ -193,9 +197,13 @@ class RunyardClient:
             params["subscription_id"] = subscription_id
         return self._call("GET", "/v1/notifications/deliveries", params=params)
 
+    # clusters
+    def list_clusters(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/clusters")
+
     # nodes
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/nodes")
+    def list_nodes(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/nodes", params={"cluster": cluster} if cluster else None)
 
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/nodes/{name}")

@@ -6,6 +6,7 @@ import typer
 
 from client.commands import (
     admin,
+    cluster,
     data,
     dev,
     doctor,
@@ -28,6 +29,7 @@ app = typer.Typer(
 )
 app.add_typer(run.app, name="run")
 app.add_typer(sweep.app, name="sweep")
+app.add_typer(cluster.app, name="cluster")
 app.add_typer(node.app, name="node")
 app.add_typer(spare.app, name="spare")
 app.add_typer(incident.app, name="incident")

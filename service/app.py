@@ -20,6 +20,8 @@ from service.admin.users import router as users_router
 from service.agents.endpoints import router as agents_router
 from service.auth.deps import watch_revocations
 from service.auth.endpoints import router as auth_router
+from service.clusters.endpoints import router as clusters_router
+from service.clusters.registry import clusters
 from service.config import get_settings
 from service.db import get_engine, session_scope
 from service.errors import (
@@ -61,6 +63,9 @@ def tune_garbage_collector() -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
+    # The clusters, read now: a clusters file that is wrong stops the start, naming the
+    # field, rather than the first request or tick that needs it.
+    clusters(settings)
     if settings.slurm_conf is not None:
         # submitit calls sbatch with our environment; this is how it finds the cluster.
         os.environ["SLURM_CONF"] = str(settings.slurm_conf)
@@ -120,6 +125,7 @@ def create_app() -> FastAPI:
     app.include_router(runs_router)
     app.include_router(run_logs_router)
     app.include_router(sweeps_router)
+    app.include_router(clusters_router)
     app.include_router(nodes_router)
     app.include_router(agents_router)
     app.include_router(worker_router)

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from service.config_areas.auth import AuthSettings
 from service.config_areas.base import REPO_ROOT, AreaSettings
 from service.config_areas.cluster import ClusterSettings
+from service.config_areas.clusters import ClustersSettings
 from service.config_areas.identity import IdentitySettings, ServiceEnvironment
 from service.config_areas.node_health import NodeHealthSettings, SlowNodePolicy
 from service.config_areas.notifications import NotificationSettings
@@ -40,6 +41,7 @@ class Settings(
     AuthSettings,
     IdentitySettings,
     ClusterSettings,
+    ClustersSettings,
     ReconcilerSettings,
     RecoverySettings,
     NodeHealthSettings,

@@ -23,10 +23,17 @@ def call(fn: Callable[[RunyardClient], T]) -> T:
         fail(exc.message, exit_for(exc))
 
 
+# Refusals that say the command named something wrong (bad input, as a usage error is).
+USAGE_ERRORS = ("unknown_cluster",)
+
+
 def exit_for(exc: ApiError) -> int:
     """The README's exit code for a failed call: 2 for a URL or CA that cannot carry a
-    token safely (bad input), 3 when no answer came, 1 when the service refused."""
+    token safely, or a name the service does not know (bad input), 3 when no answer came,
+    1 when the service refused."""
     if isinstance(exc, InsecureUrl):
+        return Exit.USAGE
+    if isinstance(exc.body, dict) and exc.body.get("error") in USAGE_ERRORS:
         return Exit.USAGE
     return Exit.UNREACHABLE if exc.status is None else Exit.ERROR
 

@@ -11,18 +11,23 @@ app = typer.Typer(help="Compute nodes.", no_args_is_help=True)
 JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
 
 
+CLUSTER = typer.Option(None, "--cluster", help="Only this cluster's (`runyard cluster list`).")
+
+
 @app.command("list")
-def list_(json: bool = JSON) -> None:
+def list_(cluster: str | None = CLUSTER, json: bool = JSON) -> None:
     """Every node: runyard's state, Slurm's state, switch and last heartbeat."""
-    nodes = call(lambda c: c.list_nodes())
+    nodes = call(lambda c: c.list_nodes(cluster))
     if json:
         return print_json(nodes)
+    # A node is (cluster, name): its cluster is shown where more than one is listed.
+    several = len({n.get("cluster") for n in nodes}) > 1
     print_table(
         None,
         ["NODE", "STATE", "SLURM", "SWITCH", "GPUS", "HEARTBEAT", "REASON"],
         [
             (
-                n["name"],
+                f"{n['cluster']}/{n['name']}" if several else n["name"],
                 n["state"] + (" SLOW" if n.get("slow_since") else ""),
                 n["slurm_state"],
                 n["switch"],

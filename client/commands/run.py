@@ -137,10 +137,14 @@ def _submit_sweep(spec: dict[str, Any], dry_run: bool, json: bool) -> None:
 
 @app.command("list")
 def list_(
-    state: str | None = typer.Option(None, help="Only runs in this state."), json: bool = JSON
+    state: str | None = typer.Option(None, help="Only runs in this state."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Only runs on this cluster (`runyard cluster list`)."
+    ),
+    json: bool = JSON,
 ) -> None:
     """Runs, newest first."""
-    runs = call(lambda c: c.list_runs(state))
+    runs = call(lambda c: c.list_runs(state, cluster=cluster))
     if json:
         return print_json(runs)
     print_table(

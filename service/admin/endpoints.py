@@ -22,6 +22,9 @@ from service.admin.schemas import (
 from service.auth import service as auth
 from service.auth.deps import ADMINS, PrincipalDep
 from service.auth.schemas import TokenOut
+from service.clusters.deps import ClusterQuery, cluster_name
+from service.clusters.registry import find_cluster, target_of
+from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId, InvalidSpec
 from service.models import Incident, Role
@@ -36,29 +39,41 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[ADMINS])
 
 @router.post("/nodes/{name}/drain", status_code=status.HTTP_202_ACCEPTED)
 def drain(
-    name: str, body: DrainRequest, session: SessionDep, principal: PrincipalDep
+    name: str,
+    body: DrainRequest,
+    session: SessionDep,
+    principal: PrincipalDep,
+    cluster: ClusterQuery = None,
 ) -> IncidentOut | None:
     """Drain a node; a run on it moves to a spare like after a hardware failure."""
-    incident = admin.request_drain(session, name, body.reason)
+    incident = admin.request_drain(session, cluster_name(cluster), name, body.reason)
     auth.audit(session, principal, "node.drain", name, {"reason": body.reason})
     return incident_out(incident) if incident else None
 
 
 @router.post("/nodes/{name}/resume")
-def resume(name: str, body: ResumeRequest, session: SessionDep, principal: PrincipalDep) -> NodeOut:
+def resume(
+    name: str,
+    body: ResumeRequest,
+    session: SessionDep,
+    principal: PrincipalDep,
+    cluster: ClusterQuery = None,
+) -> NodeOut:
     """Return a drained node to service (only runyard's own drains unless forced)."""
-    nodes.require_node(session, name)
+    config = find_cluster(get_settings(), cluster)
+    target = target_of(get_settings(), config)
+    nodes.require_node(session, config.name, name)
     session.rollback()  # no transaction stays open across the Slurm calls below
-    slurm = next((n for n in commands.show_nodes() if n.name == name), None)
+    slurm = next((n for n in commands.show_nodes(target) if n.name == name), None)
     reason = slurm.reason if slurm else ""
     # Resuming a node Slurm already runs is a no-op for Slurm, not an error for the admin.
     needs_slurm = slurm is not None and any(s in slurm.state for s in ("DRAIN", "DOWN", "FAIL"))
-    node = nodes.require_node(session, name, for_update=True)
+    node = nodes.require_node(session, config.name, name, for_update=True)
     nodes.check_resumable(node, reason, body.force)
     session.rollback()
     if needs_slurm:
-        commands.resume_node(name)
-    node = nodes.require_node(session, name, for_update=True)
+        commands.resume_node(target, name)
+    node = nodes.require_node(session, config.name, name, for_update=True)
     nodes.mark_resumed(session, node, body.force)
     auth.audit(
         session, principal, "node.resume", name, {"force": body.force, "slurm_reason": reason}
@@ -67,20 +82,29 @@ def resume(name: str, body: ResumeRequest, session: SessionDep, principal: Princ
 
 
 @router.get("/spares")
-def get_spares(session: SessionDep) -> SparePool:
-    """The spare pool's target size and current members."""
-    return SparePool(
-        target=spares.get_target(session), members=[n.name for n in spares.spare_nodes(session)]
-    )
+def get_spares(session: SessionDep, cluster: ClusterQuery = None) -> SparePool:
+    """A cluster's spare pool: its target size and current members."""
+    on = cluster_name(cluster)
+    target = spares.get_target(session, on, spares.configured_target(get_settings(), on))
+    members = [n.name for n in spares.spare_nodes(session, on)]
+    return SparePool(cluster=on, target=target, members=members)
 
 
 @router.put("/spares")
-def set_spares(body: SparePoolUpdate, session: SessionDep, principal: PrincipalDep) -> SparePool:
-    """Set the spare pool's target; the reconciler fills or shrinks it within a tick."""
-    before = spares.get_target(session)
-    spares.set_target(session, body.target)
-    auth.audit(session, principal, "spares.set", "spare pool", {"from": before, "to": body.target})
-    return SparePool(target=body.target, members=[n.name for n in spares.spare_nodes(session)])
+def set_spares(
+    body: SparePoolUpdate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    cluster: ClusterQuery = None,
+) -> SparePool:
+    """Set a cluster's spare pool target; the reconciler fills or shrinks it within a tick."""
+    on = cluster_name(cluster)
+    before = spares.get_target(session, on, spares.configured_target(get_settings(), on))
+    spares.set_target(session, on, body.target)
+    change = {"cluster": on, "from": before, "to": body.target}
+    auth.audit(session, principal, "spares.set", "spare pool", change)
+    members = [n.name for n in spares.spare_nodes(session, on)]
+    return SparePool(cluster=on, target=body.target, members=members)
 
 
 @router.get("/incidents")

@@ -18,11 +18,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.config import Settings
+from service.clusters.registry import cluster_names
+from service.config import Settings, get_settings
 from service.models import Attempt, Incident, Node, NodeState, Run, RunState
 from service.models.base import utcnow
 from service.recovery.signals import OPEN_STATES
-from service.recovery.spares import get_target
+from service.recovery.spares import configured_target, get_target
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.repository import checkpoints
 
@@ -66,38 +67,57 @@ class StateCollector(Collector):
             runs.add_metric([state.value], by_state.get(state, 0))
         yield runs
 
-        nodes = _gauge("runyard_nodes", "Nodes by runyard state.", ["state"])
-        by_node_state = dict(
-            session.execute(select(Node.state, func.count()).group_by(Node.state)).all()
-        )
-        for node_state in NodeState:
-            nodes.add_metric([node_state.value], by_node_state.get(node_state, 0))
-        yield nodes
-
-        spares = _gauge("runyard_spare_pool_nodes", "Nodes held in the hot-spare pool now.")
-        spares.add_metric([], by_node_state.get(NodeState.SPARE, 0))
-        yield spares
-        target = _gauge("runyard_spare_pool_target_nodes", "The spare pool's target size.")
-        target.add_metric([], get_target(session))
-        yield target
+        yield from self._nodes(session)
 
         yield from self._heartbeats(session)
         yield from self._slow_nodes(session)
         yield from self._incidents(session)
         yield from self._running_runs(session)
 
+    def _nodes(self, session: Session) -> Iterator[Metric]:
+        """Nodes by state, and the spare pool, per cluster (every configured one, so that
+        a cluster with no node yet reads 0 rather than nothing)."""
+        nodes = _gauge(
+            "runyard_nodes", "Nodes by runyard state, per cluster.", ["cluster", "state"]
+        )
+        counts = session.execute(
+            select(Node.cluster, Node.state, func.count()).group_by(Node.cluster, Node.state)
+        ).all()
+        by_state = {(cluster, state): n for cluster, state, n in counts}
+        names = dict.fromkeys([*cluster_names(get_settings()), *(c for c, _ in by_state)])
+        for cluster in names:
+            for node_state in NodeState:
+                nodes.add_metric(
+                    [cluster, node_state.value], by_state.get((cluster, node_state), 0)
+                )
+        yield nodes
+        spares = _gauge(
+            "runyard_spare_pool_nodes", "Nodes held in the hot-spare pool now.", ["cluster"]
+        )
+        target = _gauge(
+            "runyard_spare_pool_target_nodes", "The spare pool's target size.", ["cluster"]
+        )
+        for cluster in names:
+            spares.add_metric([cluster], by_state.get((cluster, NodeState.SPARE), 0))
+            configured = configured_target(get_settings(), cluster)
+            target.add_metric([cluster], get_target(session, cluster, configured))
+        yield spares
+        yield target
+
     def _heartbeats(self, session: Session) -> Iterator[Metric]:
         lag = _gauge(
             "runyard_node_heartbeat_lag_seconds",
             "Seconds since the node's health agent was last heard from.",
-            ["node"],
+            ["cluster", "node"],
         )
         now = utcnow()
-        for name, last in session.execute(
-            select(Node.name, Node.last_heartbeat_at).where(Node.last_heartbeat_at.is_not(None))
+        for cluster, name, last in session.execute(
+            select(Node.cluster, Node.name, Node.last_heartbeat_at).where(
+                Node.last_heartbeat_at.is_not(None)
+            )
         ).all():
             if last is not None:
-                lag.add_metric([name], max((now - last).total_seconds(), 0.0))
+                lag.add_metric([cluster, name], max((now - last).total_seconds(), 0.0))
         yield lag
 
     def _slow_nodes(self, session: Session) -> Iterator[Metric]:
@@ -105,20 +125,20 @@ class StateCollector(Collector):
             "runyard_node_slow",
             "1 while the node is flagged SLOW: its ranks' update time persistently above its "
             "peers' median by the margin (service/nodes/stragglers.py); else 0.",
-            ["node"],
+            ["cluster", "node"],
         )
         ratio = _gauge(
             "runyard_node_slow_ratio",
             "The node's last update time over its peers' median, for nodes slow in their "
             "last report or flagged.",
-            ["node"],
+            ["cluster", "node"],
         )
-        for name, since, last_ratio, count in session.execute(
-            select(Node.name, Node.slow_since, Node.slow_ratio, Node.num_slow_reports)
+        for cluster, name, since, last_ratio, count in session.execute(
+            select(Node.cluster, Node.name, Node.slow_since, Node.slow_ratio, Node.num_slow_reports)
         ).all():
-            slow.add_metric([name], 1.0 if since is not None else 0.0)
+            slow.add_metric([cluster, name], 1.0 if since is not None else 0.0)
             if last_ratio is not None and (since is not None or count):
-                ratio.add_metric([name], last_ratio)
+                ratio.add_metric([cluster, name], last_ratio)
         yield slow
         yield ratio
 

@@ -12,6 +12,7 @@ from service.models import ClassicBecause, IncidentState, RecoveryAction, Recove
 
 
 class SparePool(BaseModel):
+    cluster: str = Field(description="Slurm ClusterName: each cluster has its own pool.")
     target: int
     members: list[str]
 

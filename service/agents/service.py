@@ -14,13 +14,18 @@ from service.recovery.signals import SignalIn, ingest_node_events
 
 
 def ingest_events(
-    session: Session, name: str, batch: EventBatch, settings: Settings, classifier: Classifier
+    session: Session,
+    cluster: str,
+    name: str,
+    batch: EventBatch,
+    settings: Settings,
+    classifier: Classifier,
 ) -> EventBatchAck:
-    if not touch_heartbeat(session, name, settings):  # an agent that reports is alive
-        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
+    if not touch_heartbeat(session, cluster, name, settings):  # an agent that reports is alive
+        raise NotFound(f"no node named '{name}' on cluster {cluster}; `runyard node list`")
     events = [
         SignalIn(e.idempotency_key, e.kind, e.code, e.message, e.observed_at, dict(e.data))
         for e in batch.events
     ]
-    accepted = ingest_node_events(session, name, events, settings, classifier)
+    accepted = ingest_node_events(session, cluster, name, events, settings, classifier)
     return EventBatchAck(accepted=accepted, duplicates=len(batch.events) - accepted)

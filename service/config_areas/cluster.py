@@ -19,6 +19,13 @@ class ClusterSettings(AreaSettings):
     slurm_conf: Path | None = Field(
         default=None, description="SLURM_CONF for sbatch/squeue/scontrol (None: Slurm's default)."
     )
+    cluster_name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
+        description="Slurm's ClusterName of the site's one cluster, when no clusters_file "
+        "lists them (None: the ClusterName of its slurm.conf, else `scontrol show config`'s, "
+        "else `default`).",
+    )
     partition: str = Field(default="train", description="Slurm partition runs are submitted to.")
     job_prefix: str | None = Field(
         default=None,

@@ -127,10 +127,12 @@ def read_chunk(path: Path, offset: int, limit: int, *, complete: bool) -> tuple[
 
 def srun_in_job(request: Request) -> Any:
     from service.slurm.commands import srun_in_job as run
+    from service.slurm.target import SlurmTarget
 
-    _slurm_environment(request)
+    _slurm_environment(request)  # SLURM_CONF: the target's, set here already
+    target = SlurmTarget(request.get("cluster") or "", None, bool(request.get("multicluster")))
     args = request["args"]
-    return run(args["job_id"], args["num_nodes"], args["script"], args["timeout_s"])
+    return run(target, args["job_id"], args["num_nodes"], args["script"], args["timeout_s"])
 
 
 def whoami(request: Request) -> Any:

@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from service.config import ServiceEnvironment, Settings
+from service.config_areas.clusters import ClusterConfig
 from service.identity.python_probe import PROBE_TIMEOUT_S, ProbedPython, answer_of
 from service.slurm.commands import slurm_error
 from service.slurm.owner import OwnerAccessError, OwnerFailure, RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest, SubmitSettings, encode_request
+from service.slurm.target import SlurmTarget
 
 INSPECT_TIMEOUT_S = 20.0
 STOP_GRACE_S = 5.0  # after a timeout's SIGTERM, before SIGKILL
@@ -54,9 +56,16 @@ SUDO_REFUSALS = (
 class OwnerGate:
     """Runs operations of `service.identity.as_owner` as a given Unix user."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cluster: ClusterConfig | None = None) -> None:
+        """Acting as owners on `cluster` (None: the Slurm the service's environment
+        reaches): its submissions go to that cluster's partition and controller."""
         self.settings = settings
         self.python = settings.owner_python or owner_python()
+        self.cluster = cluster
+        if cluster is None:
+            self.target = SlurmTarget("", settings.slurm_conf)
+        else:
+            self.target = SlurmTarget.of(cluster, settings.slurm_conf)
 
     # What the reconciler and the API ask.
     def submit(self, req: AttemptRequest, worker_token: str) -> str:
@@ -133,6 +142,10 @@ class OwnerGate:
         return str(self._call(owner, "srun_in_job", payload, timeout_s=timeout_s + TIMEOUT_S))
 
     # How.
+    def _submit_settings(self) -> SubmitSettings:
+        partition = self.cluster.partition if self.cluster is not None else None
+        return SubmitSettings.of(self.settings, partition, self.target.sbatch_clusters)
+
     def argv(self, unix_user: str) -> list[str]:
         """The command that runs the owner's program as `unix_user`."""
         program = [self.python, "-I", "-m", "service.identity.as_owner"]
@@ -152,8 +165,10 @@ class OwnerGate:
         request = {
             "op": op,
             "args": dict(payload),
-            "settings": asdict(SubmitSettings.of(self.settings)),
-            "slurm_conf": str(self.settings.slurm_conf) if self.settings.slurm_conf else None,
+            "settings": asdict(self._submit_settings()),
+            "slurm_conf": str(self.target.slurm_conf) if self.target.slurm_conf else None,
+            "cluster": self.target.cluster,
+            "multicluster": self.target.multicluster,
             "search_path": os.environ.get("PATH", ""),
             "job_env": jobs_environment(self.settings),
         }

@@ -74,6 +74,7 @@ class Incident(Timestamped, Base):
     action: Mapped[RecoveryAction] = mapped_column(_enum(RecoveryAction, "recovery_action"))
     state: Mapped[IncidentState] = mapped_column(_enum(IncidentState, "incident_state"), index=True)
     message: Mapped[str] = mapped_column(Text)
+    cluster: Mapped[str] = mapped_column(String(64))  # the node's (or the run's) cluster
     node_name: Mapped[str | None] = mapped_column(String(64), index=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="SET NULL"))

@@ -6,7 +6,16 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Enum, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKeyConstraint,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -23,8 +32,12 @@ class NodeState(StrEnum):
 
 
 class Node(Timestamped, Base):
+    """A node is (cluster, name), as Slurm keeps it: two clusters may both have a gpu001
+    (each slurmctld names its own nodes), so a name alone never identifies one."""
+
     __tablename__ = "nodes"
 
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)  # Slurm's ClusterName
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[NodeState] = mapped_column(
         Enum(NodeState, name="node_state", native_enum=False, length=16, validate_strings=True)
@@ -53,9 +66,15 @@ class Node(Timestamped, Base):
 
 class NodeEvent(Base):
     __tablename__ = "node_events"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["cluster", "node_name"], ["nodes.cluster", "nodes.name"], ondelete="CASCADE"
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    node_name: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), index=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    node_name: Mapped[str] = mapped_column(String(64), index=True)
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)

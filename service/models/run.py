@@ -114,6 +114,9 @@ class Run(Timestamped, Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     final_step: Mapped[int | None] = mapped_column(Integer)  # reported by the worker at the end
     min_nodes: Mapped[int | None] = mapped_column(Integer)  # may shrink to this without spares
+    # The cluster the run is on (Slurm's ClusterName): its reservation and the nodes it
+    # holds are that cluster's; each attempt records where it was submitted.
+    cluster: Mapped[str] = mapped_column(String(64), index=True)
     # The nodes the run holds across attempts (through its own Slurm reservation).
     nodes: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list, server_default="{}")
     reservation: Mapped[str | None] = mapped_column(String(128))
@@ -156,6 +159,8 @@ class Attempt(Timestamped, Base):
     slurm_job_id: Mapped[str | None] = mapped_column(String(32), index=True)
     job_name: Mapped[str] = mapped_column(String(128))
     job_folder: Mapped[str] = mapped_column(Text)
+    # Where its job was submitted: job ids and node names are per cluster in Slurm.
+    cluster: Mapped[str] = mapped_column(String(64), index=True)
     node_list: Mapped[str | None] = mapped_column(Text)  # Slurm's compressed form
     nodes: Mapped[list[str]] = mapped_column(ARRAY(String(64)), default=list)
     resume_step: Mapped[int | None] = mapped_column(Integer)

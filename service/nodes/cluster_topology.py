@@ -19,7 +19,7 @@ from planner.blocks import BlockPlan, block_plan
 from service.models import ClusterSetting, Run
 from service.slurm.topology import Topology, TopologyKind
 
-TOPOLOGY_KEY = "slurm_topology"
+TOPOLOGY_KEY = "slurm_topology"  # one row per cluster: `slurm_topology:<cluster>`
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,23 @@ class TopologyShape:
         return "block" if self.kind is TopologyKind.BLOCK else "leaf switch"
 
 
-def record_topology(session: Session, topology: Topology) -> None:
-    """Store the kind and block size Slurm reported, when they changed."""
+def topology_key(cluster: str) -> str:
+    return f"{TOPOLOGY_KEY}:{cluster}"
+
+
+def record_topology(session: Session, cluster: str, topology: Topology) -> None:
+    """Store the kind and block size `cluster`'s Slurm reported, when they changed."""
     value = {"kind": topology.kind.value, "block_size": topology.block_size}
-    row = session.get(ClusterSetting, TOPOLOGY_KEY)
+    row = session.get(ClusterSetting, topology_key(cluster))
     if row is None:
-        session.add(ClusterSetting(key=TOPOLOGY_KEY, value=value))
+        session.add(ClusterSetting(key=topology_key(cluster), value=value))
     elif row.value != value:
         row.value = value
 
 
-def cluster_topology(session: Session) -> TopologyShape:
-    """The last topology the reconciler read; tree until it has read one."""
-    row = session.get(ClusterSetting, TOPOLOGY_KEY)
+def cluster_topology(session: Session, cluster: str) -> TopologyShape:
+    """The last topology the reconciler read of `cluster`; tree until it has read one."""
+    row = session.get(ClusterSetting, topology_key(cluster))
     if row is None:
         return TopologyShape()
     return TopologyShape(TopologyKind(row.value["kind"]), row.value.get("block_size"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.auth.deps import USERS
+from service.clusters.deps import ClusterQuery, cluster_name
 from service.db import SessionDep
 from service.nodes import repository, service
 from service.nodes.schemas import NodeDetail, NodeEventOut, NodeOut
@@ -13,16 +14,18 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
 
 @router.get("", dependencies=[USERS])
-def list_nodes(session: SessionDep) -> list[NodeOut]:
-    """Every node with runyard's state and Slurm's."""
-    return [NodeOut.model_validate(n) for n in repository.list_nodes(session)]
+def list_nodes(session: SessionDep, cluster: ClusterQuery = None) -> list[NodeOut]:
+    """Every node (of one cluster, if given) with runyard's state and Slurm's."""
+    on = cluster_name(cluster) if cluster is not None else None
+    return [NodeOut.model_validate(n) for n in repository.list_nodes(session, on)]
 
 
 @router.get("/{name}", dependencies=[USERS])
-def show_node(name: str, session: SessionDep) -> NodeDetail:
+def show_node(name: str, session: SessionDep, cluster: ClusterQuery = None) -> NodeDetail:
     """One node with its recent history (state changes, Xids, heartbeats lost)."""
-    node = service.require_node(session, name)
-    events = [NodeEventOut.model_validate(e) for e in service.recent_events(session, name)]
+    on = cluster_name(cluster)
+    node = service.require_node(session, on, name)
+    events = [NodeEventOut.model_validate(e) for e in service.recent_events(session, on, name)]
     return NodeDetail.model_validate(
         {
             **NodeOut.model_validate(node).model_dump(),

@@ -41,7 +41,9 @@ def drained_by_runyard(slurm_reason: str) -> bool:
 def node_event(
     session: Session, node: Node, kind: str, message: str, data: dict[str, Any] | None = None
 ) -> None:
-    session.add(NodeEvent(node_name=node.name, kind=kind, message=message, data=data or {}))
+    event = NodeEvent(cluster=node.cluster, node_name=node.name, kind=kind, message=message)
+    event.data = data or {}
+    session.add(event)
 
 
 def set_node_state(session: Session, node: Node, new: NodeState, reason: str) -> None:
@@ -53,5 +55,5 @@ def set_node_state(session: Session, node: Node, new: NodeState, reason: str) ->
     if new == S.HEALTHY and old in (S.DRAINED, S.IN_REPAIR):
         # Back from repair: a SLOW flag from before the drain no longer says anything.
         node.num_slow_reports, node.slow_since, node.slow_ratio = 0, None, None
-    count_node_transition(node.name, new.value)
+    count_node_transition(node.cluster, node.name, new.value)
     node_event(session, node, f"node.{new.lower()}", reason, {"from": old.value, "to": new.value})

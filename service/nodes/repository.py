@@ -29,33 +29,39 @@ from sqlalchemy.types import TypeEngine
 from service.models import Node, NodeEvent
 
 
-def list_nodes(session: Session) -> Sequence[Node]:
-    return session.scalars(select(Node).order_by(Node.name)).all()
+def list_nodes(session: Session, cluster: str | None = None) -> Sequence[Node]:
+    """Every node, or every node of `cluster`, by cluster then name."""
+    stmt = select(Node).order_by(Node.cluster, Node.name)
+    if cluster is not None:
+        stmt = stmt.where(Node.cluster == cluster)
+    return session.scalars(stmt).all()
 
 
 # What Slurm says of a node: (slurm_state, slurm_reason, addr, num_gpus, switch).
 SlurmView = tuple[str, str, str, int, str | None]
 
 
-def slurm_views(session: Session, names: Sequence[str]) -> dict[str, SlurmView]:
-    """Slurm's side of the named nodes, as plain tuples (no ORM objects to build)."""
+def slurm_views(session: Session, cluster: str, names: Sequence[str]) -> dict[str, SlurmView]:
+    """Slurm's side of `cluster`'s named nodes, as plain tuples (no ORM objects to build)."""
     stmt = select(
         Node.name, Node.slurm_state, Node.slurm_reason, Node.addr, Node.num_gpus, Node.switch
-    ).where(Node.name.in_(names))
+    ).where(Node.cluster == cluster, Node.name.in_(names))
     return {
         row.name: (row.slurm_state, row.slurm_reason, row.addr, row.num_gpus, row.switch)
         for row in session.execute(stmt)
     }
 
 
-def get_nodes(session: Session, names: Sequence[str]) -> Sequence[Node]:
+def get_nodes(session: Session, cluster: str, names: Sequence[str]) -> Sequence[Node]:
+    """`cluster`'s nodes of these names, by name."""
     if not names:
         return []
-    return session.scalars(select(Node).where(Node.name.in_(names)).order_by(Node.name)).all()
+    stmt = select(Node).where(Node.cluster == cluster, Node.name.in_(names))
+    return session.scalars(stmt.order_by(Node.name)).all()
 
 
-def get_node(session: Session, name: str, *, for_update: bool = False) -> Node | None:
-    stmt = select(Node).where(Node.name == name)
+def get_node(session: Session, cluster: str, name: str, *, for_update: bool = False) -> Node | None:
+    stmt = select(Node).where(Node.cluster == cluster, Node.name == name)
     if for_update:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).one_or_none()
@@ -86,16 +92,18 @@ _STREAK_SINCE = case(
 
 _TOUCH_HEARTBEAT = (
     update(_nodes)
-    .where(_nodes.c.name == bindparam("node_name"))
+    .where(_nodes.c.cluster == bindparam("on_cluster"), _nodes.c.name == bindparam("node_name"))
     .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
 )
 
 
-def touch_heartbeat(session: Session, name: str, now: datetime, max_gap: timedelta) -> bool:
-    """One UPDATE; False when there is no such node. A beat more than `max_gap` after the
-    previous one starts a new streak."""
-    params = {"node_name": name, "now": now, "gap_before": now - max_gap}
+def touch_heartbeat(
+    session: Session, cluster: str, name: str, now: datetime, max_gap: timedelta
+) -> bool:
+    """One UPDATE; False when `cluster` has no such node. A beat more than `max_gap` after
+    the previous one starts a new streak."""
+    params = {"on_cluster": cluster, "node_name": name, "now": now, "gap_before": now - max_gap}
     return session.execute(_TOUCH_HEARTBEAT, params).first() is not None
 
 
@@ -106,10 +114,14 @@ _TOUCH_HEARTBEATS = (
     .where(
         _nodes.c.name.in_(
             select(_nodes.c.name)
-            .where(_nodes.c.name == func.any(bindparam("node_names", type_=ARRAY(String))))
+            .where(
+                _nodes.c.cluster == bindparam("on_cluster"),
+                _nodes.c.name == func.any(bindparam("node_names", type_=ARRAY(String))),
+            )
             .order_by(_nodes.c.name)
             .with_for_update()
-        )
+        ),
+        _nodes.c.cluster == bindparam("on_cluster"),
     )
     .values(last_heartbeat_at=_now, heartbeats_since=_STREAK_SINCE)
     .returning(_nodes.c.name)
@@ -117,10 +129,16 @@ _TOUCH_HEARTBEATS = (
 
 
 def touch_heartbeats(
-    session: Session, names: Sequence[str], now: datetime, max_gap: timedelta
+    session: Session, cluster: str, names: Sequence[str], now: datetime, max_gap: timedelta
 ) -> set[str]:
-    """One UPDATE for many nodes; returns the names that exist (streaks as touch_heartbeat)."""
-    params = {"node_names": list(names), "now": now, "gap_before": now - max_gap}
+    """One UPDATE for many nodes of `cluster`; returns the names that exist (streaks as
+    touch_heartbeat)."""
+    params = {
+        "on_cluster": cluster,
+        "node_names": list(names),
+        "now": now,
+        "gap_before": now - max_gap,
+    }
     return set(session.scalars(_TOUCH_HEARTBEATS, params))
 
 
@@ -147,11 +165,13 @@ _INSERT_NODE_EVENTS = (
     insert(_node_events)
     .from_select(
         [
+            _node_events.c.cluster,
             _node_events.c.node_name,
             *(_node_events.c[name] for name in _EVENT_COLUMNS),
             _node_events.c.created_at,
         ],
         select(
+            bindparam("on_cluster", type_=String),
             bindparam("node_name", type_=String),
             *(_event_rows.c[name] for name in _EVENT_COLUMNS),
             bindparam("created_at", type_=DateTime(timezone=True)),
@@ -163,12 +183,17 @@ _INSERT_NODE_EVENTS = (
 
 
 def insert_node_events(
-    session: Session, node_name: str, created_at: datetime, rows: Sequence[dict[str, Any]]
+    session: Session,
+    cluster: str,
+    node_name: str,
+    created_at: datetime,
+    rows: Sequence[dict[str, Any]],
 ) -> set[str]:
     """Store a batch of one node's events; returns the idempotency keys that were new.
 
     `rows` hold the columns of _EVENT_COLUMNS (observed_at a datetime or None).
     """
     events = json.dumps(rows, default=datetime.isoformat)
-    params = {"events": events, "node_name": node_name, "created_at": created_at}
+    params: dict[str, Any] = {"events": events, "on_cluster": cluster, "node_name": node_name}
+    params["created_at"] = created_at
     return set(session.scalars(_INSERT_NODE_EVENTS, params).all())

@@ -12,6 +12,7 @@ from service.models import NodeState
 class NodeOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
+    cluster: str = Field(description="Slurm ClusterName: a node is (cluster, name).")
     name: str
     state: NodeState
     state_reason: str

@@ -20,15 +20,18 @@ from service.nodes.node_state_machine import (
 from service.slurm.commands import SlurmNode
 
 
-def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str, str]) -> None:
-    """Upsert what `scontrol show node` says; runyard's own state is left to its owners.
+def sync_from_slurm(
+    session: Session, cluster: str, nodes: list[SlurmNode], switches: dict[str, str]
+) -> None:
+    """Upsert what `cluster`'s `scontrol show node` says; runyard's own state is left to
+    its owners.
 
     Compares plain columns first and loads (and writes) only the nodes whose Slurm view
     changed: this runs every tick, and loading 1,280 ORM objects each second to find a
     handful of changes was most of the reconciler's CPU on a large cluster.
     """
     by_name = {sn.name: sn for sn in nodes}
-    known = repository.slurm_views(session, list(by_name))
+    known = repository.slurm_views(session, cluster, list(by_name))
 
     def view(sn: SlurmNode, switch: str | None) -> repository.SlurmView:
         return (sn.state, sn.reason, sn.addr, sn.num_gpus, switches.get(sn.name, switch))
@@ -38,7 +41,7 @@ def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str
         for name, sn in by_name.items()
         if name in known and view(sn, known[name][4]) != known[name]
     ]
-    for node in repository.get_nodes(session, changed):
+    for node in repository.get_nodes(session, cluster, changed):
         sn = by_name[node.name]
         node.slurm_state, node.slurm_reason = sn.state, sn.reason
         node.addr, node.num_gpus = sn.addr, sn.num_gpus
@@ -47,6 +50,7 @@ def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str
         sn = by_name[name]
         session.add(
             Node(
+                cluster=cluster,
                 name=name,
                 state=NodeState.HEALTHY,
                 state_reason="registered by Slurm",
@@ -60,10 +64,14 @@ def sync_from_slurm(session: Session, nodes: list[SlurmNode], switches: dict[str
         )
 
 
-def require_node(session: Session, name: str, *, for_update: bool = False) -> Node:
-    node = repository.get_node(session, name, for_update=for_update)
+def require_node(session: Session, cluster: str, name: str, *, for_update: bool = False) -> Node:
+    """`cluster`'s node `name`; NotFound naming both."""
+    node = repository.get_node(session, cluster, name, for_update=for_update)
     if node is None:
-        raise NotFound(f"no node named '{name}' in Slurm; `runyard node list` shows the nodes")
+        raise NotFound(
+            f"no node named '{name}' on cluster {cluster}; "
+            "`runyard node list --cluster NAME` shows a cluster's nodes"
+        )
     return node
 
 
@@ -73,29 +81,45 @@ def streak_gap(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.heartbeat_suspect_s)
 
 
-def touch_heartbeat(session: Session, name: str, settings: Settings) -> bool:
-    """One UPDATE, no ORM load; False when there is no such node."""
-    return repository.touch_heartbeat(session, name, utcnow(), streak_gap(settings))
+def touch_heartbeat(session: Session, cluster: str, name: str, settings: Settings) -> bool:
+    """One UPDATE, no ORM load; False when `cluster` has no such node."""
+    return repository.touch_heartbeat(session, cluster, name, utcnow(), streak_gap(settings))
 
 
 def touch_heartbeats(
     session: Session,
+    cluster: str,
     names: list[str],
     settings: Settings | None = None,
     now: datetime | None = None,
 ) -> dict[str, bool]:
-    """Many nodes' heartbeats in one UPDATE: for each name, whether there is such a node.
+    """Many nodes' heartbeats in one UPDATE: for each name, whether `cluster` has such a node.
     `settings` default to the service's (the group commit passes the names only); `now`,
     to the clock (tests give agents' beats their times)."""
     gap = streak_gap(settings or get_settings())
-    found = repository.touch_heartbeats(session, names, now or utcnow(), gap)
+    found = repository.touch_heartbeats(session, cluster, names, now or utcnow(), gap)
     return {name: name in found for name in names}
 
 
-def recent_events(session: Session, name: str, limit: int = 100) -> list[NodeEvent]:
+def touch_heartbeats_of(
+    session: Session, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], bool]:
+    """The group commit's heartbeats, each (cluster, name): one UPDATE per cluster among
+    them (one, on a site of one cluster)."""
+    by_cluster: dict[str, list[str]] = {}
+    for cluster, name in keys:
+        by_cluster.setdefault(cluster, []).append(name)
+    found: dict[tuple[str, str], bool] = {}
+    for cluster, names in sorted(by_cluster.items()):
+        for name, there in touch_heartbeats(session, cluster, names).items():
+            found[(cluster, name)] = there
+    return found
+
+
+def recent_events(session: Session, cluster: str, name: str, limit: int = 100) -> list[NodeEvent]:
     stmt = (
         select(NodeEvent)
-        .where(NodeEvent.node_name == name)
+        .where(NodeEvent.cluster == cluster, NodeEvent.node_name == name)
         .order_by(NodeEvent.id.desc())
         .limit(limit)
     )

@@ -68,11 +68,12 @@ def judge_report(update_s: dict[str, float], margin: float, min_excess_s: float)
 def record_update_times(
     session: Session,
     run_id: int,
+    cluster: str,
     update_s: dict[str, float],
     settings: Settings,
     on_flagged: Callable[[Node, Judged], None],
 ) -> list[Node]:
-    """Apply one report to its nodes' rows: count slow reports, flag at the threshold
+    """Apply one report to its nodes' rows (`cluster`'s): count slow reports, flag at the threshold
     (calling `on_flagged` for each node flagged now), reset on a report within the margin.
     Only rows that change are locked. Returns the nodes flagged by this report."""
     judged = {
@@ -83,7 +84,9 @@ def record_update_times(
         return []
     # Unlocked read first: in the common case nothing changes and nothing is locked.
     current = session.execute(
-        select(Node.name, Node.num_slow_reports, Node.slow_since).where(Node.name.in_(list(judged)))
+        select(Node.name, Node.num_slow_reports, Node.slow_since).where(
+            Node.cluster == cluster, Node.name.in_(list(judged))
+        )
     ).all()
     changing = sorted(name for name, count, since in current if judged[name].slow or count or since)
     if not changing:
@@ -91,7 +94,10 @@ def record_update_times(
     flagged = []
     now = utcnow()
     for node in session.scalars(
-        select(Node).where(Node.name.in_(changing)).order_by(Node.name).with_for_update()
+        select(Node)
+        .where(Node.cluster == cluster, Node.name.in_(changing))
+        .order_by(Node.name)
+        .with_for_update()
     ):
         j = judged[node.name]
         if not j.slow:

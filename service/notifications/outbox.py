@@ -147,7 +147,11 @@ def on_incident_opened(session: Session, incident: Incident) -> None:
         live = (RunState.PENDING, RunState.RUNNING)
         runs = list(
             session.scalars(
-                select(Run).where(Run.state.in_(live), Run.nodes.contains([incident.node_name]))
+                select(Run).where(
+                    Run.cluster == incident.cluster,
+                    Run.state.in_(live),
+                    Run.nodes.contains([incident.node_name]),
+                )
             ).all()
         )
     else:

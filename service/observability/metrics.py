@@ -43,8 +43,8 @@ API_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 NODE_EVENTS = Counter(
     "runyard_node_events",
     "Signals health agents reported (Xid, SXid, NVML, NCCL), by kind, Xid/SXid code and the "
-    "action the classification table chose.",
-    ["kind", "code", "action"],
+    "action the classification table chose, per cluster.",
+    ["cluster", "kind", "code", "action"],
     registry=REGISTRY,
 )
 RUN_EVENTS = Counter(
@@ -55,8 +55,9 @@ RUN_EVENTS = Counter(
 )
 NODE_TRANSITIONS = Counter(
     "runyard_node_state_transitions",
-    "runyard node state changes; a node that keeps going SUSPECT or DRAINED is flapping.",
-    ["node", "to_state"],
+    "runyard node state changes; a node that keeps going SUSPECT or DRAINED is flapping. "
+    "A node is (cluster, node): names repeat across clusters.",
+    ["cluster", "node", "to_state"],
     registry=REGISTRY,
 )
 INCIDENTS_OPENED = Counter(
@@ -125,16 +126,19 @@ def observe_incident(incident: object, *phases: str) -> None:
         observe_recovery_phase(phase, started, getattr(incident, end))
 
 
-def count_node_event(kind: str, code: int | None, action: str, count: int = 1) -> None:
-    NODE_EVENTS.labels(kind=kind, code="" if code is None else str(code), action=action).inc(count)
+def count_node_event(
+    cluster: str, kind: str, code: int | None, action: str, count: int = 1
+) -> None:
+    code_label = "" if code is None else str(code)
+    NODE_EVENTS.labels(cluster=cluster, kind=kind, code=code_label, action=action).inc(count)
 
 
 def count_run_event(kind: str) -> None:
     RUN_EVENTS.labels(kind=kind).inc()
 
 
-def count_node_transition(node: str, to_state: str) -> None:
-    NODE_TRANSITIONS.labels(node=node, to_state=to_state).inc()
+def count_node_transition(cluster: str, node: str, to_state: str) -> None:
+    NODE_TRANSITIONS.labels(cluster=cluster, node=node, to_state=to_state).inc()
 
 
 def count_incident(signal: str, action: str) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from service.clusters.registry import default_cluster
 from service.config import Settings
 from service.db import get_engine, session_scope
 from service.identity.gate import OwnerGate
@@ -42,11 +43,18 @@ TOPOLOGY_EVERY_S = 30.0
 
 class Reconciler:
     """Every reconcile step, run in order each tick against one SlurmClient: the real CLI
-    in the service, an in-memory fake in unit tests and simulations."""
+    in the service, an in-memory fake in unit tests and simulations.
+
+    One reconciler drives one cluster, its client's (`slurm.cluster_name`): the nodes, the
+    spares and the incidents it acts on are that cluster's. The service drives its
+    default cluster; a reconciler per cluster is where failover between them will start."""
 
     def __init__(self, settings: Settings, slurm: SlurmClient | None = None) -> None:
         self.settings = settings
-        self.slurm: SlurmClient = slurm or CliSlurmClient(settings, OwnerGate(settings))
+        if slurm is None:
+            cluster = default_cluster(settings)
+            slurm = CliSlurmClient(settings, OwnerGate(settings, cluster), cluster)
+        self.slurm: SlurmClient = slurm
         self.classifier = Classifier.from_file(settings.classification_file)
         # Since when this process has seen everything the workers and agents sent: its
         # start, and again each time it leads after losing the lock. Losing the lock means
@@ -67,9 +75,11 @@ class Reconciler:
             topology = self.slurm.topology()
             self._switches, self._switches_read = topology.group_of, time.monotonic()
         with session_scope() as session:
-            sync_from_slurm(session, list(snapshot.nodes.values()), self._switches)
+            sync_from_slurm(
+                session, snapshot.cluster, list(snapshot.nodes.values()), self._switches
+            )
             if topology is not None:
-                record_topology(session, topology)
+                record_topology(session, snapshot.cluster, topology)
 
     def tick(self, still_leader: Callable[[], bool] | None = None) -> None:
         """One pass over everything that may need action; it stops before the next step as

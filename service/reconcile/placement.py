@@ -20,6 +20,7 @@ from planner.resolve import LayoutError
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Node, NodeState, Run, RunState
+from service.nodes import repository as nodes_repo
 from service.nodes.cluster_topology import (
     TopologyShape,
     block_placement,
@@ -42,7 +43,9 @@ log = logging.getLogger(__name__)
 def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
     """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
     with session_scope() as session:
-        rows = session.execute(select(Node.name, Node.state, Node.switch)).all()
+        rows = session.execute(
+            select(Node.name, Node.state, Node.switch).where(Node.cluster == snapshot.cluster)
+        ).all()
         in_slurm = snapshot.free_nodes()  # one pass: asking per node and run was quadratic
         healthy_free = [
             (name, switch)
@@ -78,8 +81,8 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             return
         # Higher priority first; within a class, first come first served.
         queued = sorted(queued, key=lambda r: (-repository.PRIORITY_RANK.get(r.priority, 0), r.id))
-        nodes = {n.name: n for n in session.query(Node).all()}
-        topology = cluster_topology(session)
+        nodes = {n.name: n for n in nodes_repo.list_nodes(session, snapshot.cluster)}
+        topology = cluster_topology(session, snapshot.cluster)
         taken: set[str] = set()
         for row in queued:
             free_now = len(healthy_free) - len(taken & in_slurm)
@@ -183,7 +186,7 @@ def hold_nodes(
 ) -> None:
     """The run holds `held` from now on (through its own reservation); record the cost and,
     on topology/block, the blocks it spans and the segment its attempts ask for."""
-    topology = topology or cluster_topology(session)
+    topology = topology or cluster_topology(session, run.cluster)
     run.nodes = held
     run.reservation = run_reservation(prefix, run.id)
     layout = run.config["layout"]
@@ -226,7 +229,7 @@ def hold_nodes(
 def adopt_array_nodes(session: Session, run: Run, allocated: list[str], prefix: str) -> None:
     """Slurm placed a sweep's array task: from here on the run holds those nodes like any
     other run, so a failure is recovered onto a spare and retries keep the healthy nodes."""
-    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(allocated)))}
+    nodes = {n.name: n for n in nodes_repo.get_nodes(session, run.cluster, allocated)}
     hold_nodes(session, run, list(allocated), nodes, prefix)
 
 

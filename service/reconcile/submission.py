@@ -330,6 +330,7 @@ def new_attempt(session: Session, run: Run, settings: Settings) -> Attempt:
         state=AttemptState.SUBMITTING,
         job_name="",
         job_folder="",
+        cluster=run.cluster,  # the run's nodes and reservation are there
         nodes=list(run.nodes),
         resume_step=newest.step if newest else None,
     )

@@ -87,6 +87,7 @@ def mark_corrupt(
         signal=SIGNAL,
         action=RecoveryAction.OBSERVE,
         message=f"run {run.id}: {message}"[:4000],
+        cluster=attempt.cluster,
         run_id=run.id,
         attempt_id=attempt.id,
     )

@@ -66,6 +66,7 @@ def drain_claimed(
             kind=kind,
             signal=signal,
             action=RecoveryAction.DRAIN_AND_MOVE,
+            cluster=run.cluster,
             node=node,
             run_id=run.id,
             attempt_id=attempt_id,
@@ -78,6 +79,7 @@ def drain_claimed(
         kind="report_cap",
         signal=CAPPED_SIGNAL,
         action=RecoveryAction.OBSERVE,
+        cluster=run.cluster,
         node=node,
         attempt_id=attempt_id,
         message=f"{node}: not drained: run {run.id} already caused "

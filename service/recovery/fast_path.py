@@ -79,17 +79,18 @@ def live_group_attempts(run: Run) -> dict[int, Attempt]:
     }
 
 
-def _lost(session: Session, names: list[str]) -> set[str]:
-    """Of `names`, the nodes their group cannot train on: not healthy, or failed with their
-    recovery not yet run (a leaf switch's nodes report together, their incidents are
-    handled one by one). Two queries whatever the number of nodes."""
+def _lost(session: Session, cluster: str, names: list[str]) -> set[str]:
+    """Of `cluster`'s `names`, the nodes their group cannot train on: not healthy, or
+    failed with their recovery not yet run (a leaf switch's nodes report together, their
+    incidents are handled one by one). Two queries whatever the number of nodes."""
     usable = {
         n.name
-        for n in nodes_repo.get_nodes(session, names)
+        for n in nodes_repo.get_nodes(session, cluster, names)
         if n.state in (NodeState.HEALTHY, NodeState.SUSPECT)
     }
     pending = session.scalars(
         select(Incident.node_name).where(
+            Incident.cluster == cluster,
             Incident.node_name.in_(names),
             Incident.state == IncidentState.OPEN,
             Incident.attempt_ended_at.is_(None),
@@ -105,7 +106,7 @@ def spares_granted(session: Session, run: Run, group: int, failed: str | None = 
     failures expected before its nodes are back; until then it waits while the others
     train. `failed` is a node being drained in this transaction. A group lacking no node
     needs no grant."""
-    lost = _lost(session, list(run.nodes)) | ({failed} if failed else set())
+    lost = _lost(session, run.cluster, list(run.nodes)) | ({failed} if failed else set())
     missing = {
         g: sum(1 for name in group_nodes(run, g) if name in lost)
         for g in range(replica_groups(run))
@@ -114,7 +115,7 @@ def spares_granted(session: Session, run: Run, group: int, failed: str | None = 
         return True
     gpus = run.num_nodes * run.gpus_per_node
     reserve = spares.reserve_for(reliability.DEFAULT_FAILURES_PER_GPU_HOUR * gpus)
-    available = len(spares.spare_nodes(session))
+    available = len(spares.spare_nodes(session, run.cluster))
     lacking = {g: n for g, n in missing.items() if n}
     return group in spares.spares_to_grant(lacking, available, reserve, others_train=True)
 
@@ -134,6 +135,7 @@ def new_group_attempt(
         state=AttemptState.SUBMITTING,
         job_name="",
         job_folder="",
+        cluster=run.cluster,
         nodes=group_nodes(run, group),
         resume_step=newest.step if newest else None,
         replica_group=group,
@@ -164,7 +166,7 @@ def group_ready(session: Session, run: Run, group: int) -> bool:
     """Whether a group's nodes can take its job; a failed one is swapped for a spare now
     if the pool has one (the run waited for it)."""
     nodes = group_nodes(run, group)
-    lost = _lost(session, nodes)
+    lost = _lost(session, run.cluster, nodes)
     for name in [n for n in nodes if n in lost]:
         incident = session.scalars(
             select(Incident)
@@ -187,8 +189,8 @@ def group_ready(session: Session, run: Run, group: int) -> bool:
 def _take_spare(session: Session, run: Run, incident: Incident, bad: str) -> str | None:
     """Swap `bad` for a spare in the run's node list (same leaf switch first)."""
     remaining = [n for n in run.nodes if n != bad]
-    nodes = [n for n in (nodes_repo.get_node(session, x) for x in remaining) if n]
-    pool = spares.spare_nodes(session, for_update=True)
+    nodes = nodes_repo.get_nodes(session, run.cluster, remaining)
+    pool = spares.spare_nodes(session, run.cluster, for_update=True)
     pick = choose_replacement([(s.name, s.switch) for s in pool], {n.switch for n in nodes})
     if pick is None:
         return None
@@ -418,7 +420,7 @@ def judge_group_ended(
         set_stop_reason(attempt, StopReason.SDC if outvoted else StopReason.JOB_FAILED)
         set_attempt_state(session, run, attempt, AttemptState.FAILED, reason, exit_code)
         run.num_restarts += 1
-        if outvoted and _lost(session, group_nodes(run, attempt.replica_group)):
+        if outvoted and _lost(session, run.cluster, group_nodes(run, attempt.replica_group)):
             # Its node's SDC incident is still to drain it: the replacement is made on the
             # spare that incident takes (move_group_to_spare, counting nothing again).
             return

@@ -69,6 +69,7 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                     kind="hang",
                     signal="hang:no_progress",
                     action=RecoveryAction.RESTART,
+                    cluster=run.cluster,
                     run_id=run.id,
                     attempt_id=attempt.id,
                     signal_at=progressed,  # the last step seen, not the allowance

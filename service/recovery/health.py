@@ -74,7 +74,8 @@ def check_nodes(settings: Settings, snapshot: ClusterSnapshot, watching_since: d
     """
     now = utcnow()
     with session_scope() as session:
-        held = nodes_held_by_runs(session)
+        cluster = snapshot.cluster  # its nodes only: another cluster's are not in it
+        held = nodes_held_by_runs(session, cluster)
 
         def judge(
             name: str, state: NodeState, last_heartbeat_at: datetime | None
@@ -92,7 +93,7 @@ def check_nodes(settings: Settings, snapshot: ClusterSnapshot, watching_since: d
 
         watched = session.execute(
             select(Node.name, Node.state, Node.last_heartbeat_at).where(
-                Node.state.in_(WATCHED_STATES)
+                Node.cluster == cluster, Node.state.in_(WATCHED_STATES)
             )
         ).all()
         candidates = [row.name for row in watched if judge(*row) is not None]
@@ -100,7 +101,8 @@ def check_nodes(settings: Settings, snapshot: ClusterSnapshot, watching_since: d
             return
         nodes = session.scalars(
             select(Node)
-            .where(Node.name.in_(candidates), Node.state.in_(WATCHED_STATES))
+            .where(Node.cluster == cluster, Node.name.in_(candidates))
+            .where(Node.state.in_(WATCHED_STATES))
             .order_by(Node.name)  # a stable lock order
             .with_for_update()
         ).all()
@@ -133,6 +135,7 @@ def _act_on(
             kind="slurm",
             signal="slurm:node_down",
             action=RecoveryAction.DRAIN_AND_MOVE,
+            cluster=node.cluster,
             node=node.name,
             message=f"{node.name}: Slurm reports {slurm.state}"
             + (f" ({slurm.reason})" if slurm.reason else ""),
@@ -143,6 +146,7 @@ def _act_on(
             kind="heartbeat",
             signal=HEARTBEAT_LOST,
             action=RecoveryAction.DRAIN_AND_MOVE,
+            cluster=node.cluster,
             node=node.name,
             signal_at=node.last_heartbeat_at,
             message=f"{node.name}: no heartbeat for {silence.total_seconds():.0f} s",

@@ -93,7 +93,7 @@ def give_back(
     if node.in_slurm:
         slurm.resume(node.name)
     with session_scope() as session:
-        locked = nodes_repo.get_node(session, node.name, for_update=True)
+        locked = nodes_repo.get_node(session, snapshot.cluster, node.name, for_update=True)
         if locked is None or locked.state != NodeState.DRAINED:
             return  # an admin resumed it meanwhile
         still_due = bool(returns_due(session, settings, snapshot, now, [node.name]))
@@ -125,7 +125,9 @@ def returns_due(
     matches the first query every tick, and is settled by one more (its newest incident).
     """
     return_after = now - timedelta(seconds=settings.heartbeat_return_s)
+    cluster = snapshot.cluster
     stmt = select(Node.name, Node.heartbeats_since).where(
+        Node.cluster == cluster,
         Node.state == NodeState.DRAINED,
         Node.heartbeats_since <= return_after,
         # Still beating: a streak restarts only at the next beat after a gap.
@@ -141,7 +143,7 @@ def returns_due(
         incident.node_name: incident
         for incident in session.scalars(
             select(Incident)
-            .where(Incident.node_name.in_(back))
+            .where(Incident.cluster == cluster, Incident.node_name.in_(back))
             .order_by(Incident.node_name, Incident.id.desc())
             .ext(distinct_on(Incident.node_name))
         )
@@ -149,7 +151,7 @@ def returns_due(
     due = []
     for name, since in back.items():
         incident, seen = newest.get(name), snapshot.nodes.get(name)
-        held = why_held(session, name, incident, seen)
+        held = why_held(session, cluster, name, incident, seen)
         if held is not None:
             log.debug("%s: heartbeats back, held drained: %s", name, held)
             continue
@@ -161,15 +163,15 @@ def returns_due(
 
 
 def why_held(
-    session: Session, name: str, incident: Incident | None, seen: SlurmNode | None
+    session: Session, cluster: str, name: str, incident: Incident | None, seen: SlurmNode | None
 ) -> Held | None:
-    """What keeps the DRAINED node `name` out although its agent is back, or None:
+    """What keeps `cluster`'s DRAINED node `name` out although its agent is back, or None:
     `incident` is the node's newest, `seen` what Slurm says of it this tick."""
     if incident is None or incident.signal != HEARTBEAT_LOST or incident.drained_at is None:
         return Held.OTHER_DRAIN
     if incident.attempt_ended_at is None:
         return Held.RECOVERING
-    if other_cause_since(session, name, incident.signal_at):
+    if other_cause_since(session, cluster, name, incident.signal_at):
         return Held.OTHER_CAUSE
     if seen is None or is_down(seen.state):
         return Held.SLURM_DOWN
@@ -178,16 +180,18 @@ def why_held(
     return None
 
 
-def other_cause_since(session: Session, node: str, since: datetime) -> bool:
-    """Whether anything but the silence was recorded against `node` from `since` (its last
-    heartbeat before the silence) on: another incident, a fault its agent reported (an
-    event it sent late from its outbox included), or an admin's drain."""
+def other_cause_since(session: Session, cluster: str, node: str, since: datetime) -> bool:
+    """Whether anything but the silence was recorded against `cluster`'s `node` from
+    `since` (its last heartbeat before the silence) on: another incident, a fault its agent
+    reported (an event it sent late from its outbox included), or an admin's drain."""
     incident = select(Incident.id).where(
+        Incident.cluster == cluster,
         Incident.node_name == node,
         Incident.signal != HEARTBEAT_LOST,
         Incident.detected_at >= since,
     )
     event = select(NodeEvent.id).where(
+        NodeEvent.cluster == cluster,
         NodeEvent.node_name == node,
         NodeEvent.created_at >= since,
         or_(

@@ -47,6 +47,7 @@ def process_incidents(settings: Settings, slurm: SlurmClient) -> None:
             _Todo(i.id, i.action, i.node_name, i.run_id, i.drained_at is not None, i.message)
             for i in session.scalars(
                 select(Incident)
+                .where(Incident.cluster == slurm.cluster_name)  # this client's cluster only
                 .where(Incident.state.in_(OPEN_STATES))
                 .where(Incident.attempt_ended_at.is_(None))
                 .order_by(Incident.id)
@@ -87,7 +88,7 @@ def restart_in_place(item: _Todo, slurm: SlurmClient) -> None:
         if run is None and item.node:
             run = session.scalars(
                 select(Run)
-                .where(Run.state.in_(RUNS_TO_MOVE))
+                .where(Run.cluster == slurm.cluster_name, Run.state.in_(RUNS_TO_MOVE))
                 .where(Run.nodes.contains([item.node]))
                 .options(selectinload(Run.attempts))  # Run.attempts is lazy="raise"
             ).first()

@@ -37,11 +37,12 @@ def drain_and_move(
     """Drain the failed node in Slurm, then end the attempts of the runs on it and give
     each a spare; their old jobs are scancelled last. Each phase is committed before the
     next Slurm call and skipped when a previous pass already did it."""
+    cluster = slurm.cluster_name  # the incident's: process_incidents takes only its own
     if not drained:
         slurm.drain(node, message)
         with session_scope() as session:
             incident = session.get(Incident, incident_id, with_for_update=True)
-            bad = nodes_repo.get_node(session, node, for_update=True)
+            bad = nodes_repo.get_node(session, cluster, node, for_update=True)
             assert incident is not None
             incident.drained_at = utcnow()
             metrics.observe_incident(incident, "drain")
@@ -55,7 +56,7 @@ def drain_and_move(
         # reports lock a run, then its attempt, then the incidents that moved it).
         runs = session.scalars(
             select(Run)
-            .where(Run.state.in_(RUNS_TO_MOVE))
+            .where(Run.cluster == cluster, Run.state.in_(RUNS_TO_MOVE))
             .where(Run.nodes.contains([node]))
             .order_by(Run.id)
             .with_for_update()
@@ -90,10 +91,10 @@ def move_run_to_spare(session: Session, run: Run, incident: Incident, bad: str) 
             cause=StopReason.NODE_FAILURE,
         )
     remaining = [n for n in run.nodes if n != bad]
-    nodes = {n.name: n for n in (nodes_repo.get_node(session, x) for x in remaining) if n}
+    nodes = {n.name: n for n in nodes_repo.get_nodes(session, run.cluster, remaining)}
     switches = {n.switch for n in nodes.values()}
-    spares = spare_nodes(session, for_update=True)
-    topology = cluster_topology(session)
+    spares = spare_nodes(session, run.cluster, for_update=True)
+    topology = cluster_topology(session, run.cluster)
     group = group_nodes(topology, run.config["layout"], run.num_nodes, run.gpus_per_node)
     if group > 1:
         return _move_replica_on_blocks(session, run, incident, bad, group, spares, jobs)
@@ -139,7 +140,7 @@ def _move_replica_on_blocks(
     are let go with it and the run waits for placement to give it `group` nodes in one
     block with room (free nodes first, then spares: reconcile/placement.nodes_for_run)."""
     replica = replica_of(run.nodes, bad, group)
-    failed = nodes_repo.get_node(session, bad)
+    failed = nodes_repo.get_node(session, run.cluster, bad)
     block = failed.switch if failed is not None else None  # placement kept the replica in it
     in_block = [s for s in spares if block is not None and s.switch == block]
     if in_block:

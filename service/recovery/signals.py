@@ -36,14 +36,19 @@ def open_incident(
     signal: str,
     action: RecoveryAction,
     message: str,
+    cluster: str,
     node: str | None = None,
     run_id: int | None = None,
     attempt_id: int | None = None,
     signal_at: datetime | None = None,
 ) -> Incident | None:
-    """Open an incident unless one for the same node (or run) and action is still open."""
+    """Open an incident unless one for the same node (or run) and action is still open.
+    `cluster` is the node's, or the run's where the incident names no node."""
     stmt = select(Incident).where(Incident.state.in_(OPEN_STATES), Incident.action == action)
-    stmt = stmt.where(Incident.node_name == node) if node else stmt.where(Incident.run_id == run_id)
+    if node:
+        stmt = stmt.where(Incident.cluster == cluster, Incident.node_name == node)
+    else:
+        stmt = stmt.where(Incident.run_id == run_id)
     if session.scalars(stmt.limit(1)).first() is not None:
         return None  # a dying GPU repeats itself; one recovery is enough
     incident = Incident(
@@ -52,6 +57,7 @@ def open_incident(
         action=action,
         state=IncidentState.OPEN,
         message=message,
+        cluster=cluster,
         node_name=node,
         run_id=run_id,
         attempt_id=attempt_id,
@@ -81,12 +87,13 @@ class SignalIn:
 
 def ingest_node_events(
     session: Session,
+    cluster: str,
     node_name: str,
     events: list[SignalIn],
     settings: Settings,
     classifier: Classifier,
 ) -> int:
-    """Store a batch of one node's events exactly once and act on their classes.
+    """Store a batch of `cluster`'s node's events exactly once and act on their classes.
 
     One INSERT ... ON CONFLICT DO NOTHING per batch: a whole leaf switch failing at once
     must not queue behind thousands of single-row round trips. Returns how many events were
@@ -106,7 +113,7 @@ def ingest_node_events(
         }
         for e in events
     ]
-    inserted = insert_node_events(session, node_name, now, rows)
+    inserted = insert_node_events(session, cluster, node_name, now, rows)
     counts: Counter[tuple[str, int | None, RecoveryAction]] = Counter()
     for event in events:
         if event.idempotency_key not in inserted:
@@ -114,9 +121,9 @@ def ingest_node_events(
         rule = rules[event.idempotency_key]
         counts[event.kind, event.code, rule.action] += 1
         if rule.action != RecoveryAction.OBSERVE:
-            _act(session, node_name, event, rule, settings)
+            _act(session, cluster, node_name, event, rule, settings)
     for (kind, code, action), count in counts.items():  # one metric update per label set
-        metrics.count_node_event(kind, code, action, count)
+        metrics.count_node_event(cluster, kind, code, action, count)
     return len(inserted)
 
 
@@ -132,11 +139,13 @@ def escalated_action(
     return action
 
 
-def _act(session: Session, node_name: str, event: SignalIn, rule: Rule, settings: Settings) -> None:
+def _act(
+    session: Session, cluster: str, node_name: str, event: SignalIn, rule: Rule, settings: Settings
+) -> None:
     action, message = rule.action, event.message
     signal = signal_name(event.kind, event.code)
     if action == RecoveryAction.COUNT_AND_ESCALATE:
-        node = session.get(Node, node_name, with_for_update=True)
+        node = session.get(Node, (cluster, node_name), with_for_update=True)
         assert node is not None
         node.num_app_errors += 1
         action = escalated_action(action, node.num_app_errors, settings.app_errors_before_drain)
@@ -152,6 +161,7 @@ def _act(session: Session, node_name: str, event: SignalIn, rule: Rule, settings
             kind=event.kind,
             signal=signal,
             action=action,
+            cluster=cluster,
             node=node_name,
             message=f"{node_name}: {signal} ({rule.why}): {message}"[:2000],
             signal_at=event.observed_at,

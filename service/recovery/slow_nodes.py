@@ -75,7 +75,7 @@ def _cannot_move(session: Session, run: Run, attempt: Attempt, settings: Setting
         return f"its restarts are used up (max_restarts {run.max_restarts})"
     if claims.drains_left(session, run, settings) == 0:
         return f"its reports already caused {settings.report_drains_per_run} drains lately"
-    if not spare_nodes(session):
+    if not spare_nodes(session, run.cluster):
         return "no spare free (waiting for one would cost more than training slowly)"
     return None
 
@@ -84,7 +84,9 @@ def after_yield(session: Session, run: Run, attempt: Attempt) -> list[str]:
     """The attempt stopped for SLOW_NODE: open a drain-and-move incident for each of the
     run's nodes still flagged SLOW. Returns their names (none if the flag cleared since:
     the run then resumes where it was)."""
-    slow = [n for n in nodes_repo.get_nodes(session, run.nodes) if n.slow_since is not None]
+    slow = [
+        n for n in nodes_repo.get_nodes(session, run.cluster, run.nodes) if n.slow_since is not None
+    ]
     settings = get_settings()
     moved = [
         node.name

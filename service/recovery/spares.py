@@ -10,6 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from planner import reliability
+from service.clusters.registry import clusters
+from service.clusters.repository import spare_target_key
 from service.config import Settings
 from service.db import session_scope
 from service.models import ClusterSetting, Node, NodeState, Run, RunState
@@ -18,7 +20,6 @@ from service.slurm.client import SlurmClient
 from service.slurm.reservations import ensure_reservation, spare_reservation
 from service.slurm.snapshot import ClusterSnapshot
 
-TARGET_KEY = "spare_pool_target"
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING, RunState.CANCELLING)
 # The most of a run's nodes the pool may hold idle (issue 14: 1.5%, 19 of 1,280 nodes).
 MAX_SPARE_SHARE = 0.015
@@ -28,17 +29,29 @@ MAX_SPARE_SHARE = 0.015
 LEAF_REPAIR_H = 4.0
 
 
-def get_target(session: Session) -> int:
-    row = session.get(ClusterSetting, TARGET_KEY)
-    return int(row.value) if row else 0
+def get_target(session: Session, cluster: str, configured: int | None = None) -> int:
+    """`cluster`'s pool size: what an admin set, else the clusters file's
+    spare_pool_target (`configured`), else none."""
+    row = session.get(ClusterSetting, spare_target_key(cluster))
+    if row is not None:
+        return int(row.value)
+    return configured or 0
 
 
-def set_target(session: Session, size: int) -> None:
-    row = session.get(ClusterSetting, TARGET_KEY, with_for_update=True)
+def set_target(session: Session, cluster: str, size: int) -> None:
+    row = session.get(ClusterSetting, spare_target_key(cluster), with_for_update=True)
     if row is None:
-        session.add(ClusterSetting(key=TARGET_KEY, value=size))
+        session.add(ClusterSetting(key=spare_target_key(cluster), value=size))
     else:
         row.value = size
+
+
+def configured_target(settings: Settings, cluster: str) -> int | None:
+    """The clusters file's spare_pool_target for `cluster`, if it names one."""
+    for config in clusters(settings):
+        if config.name == cluster:
+            return config.spare_pool_target
+    return None
 
 
 def pool_target(
@@ -85,16 +98,23 @@ def spares_to_grant(
     return granted
 
 
-def spare_nodes(session: Session, *, for_update: bool = False) -> list[Node]:
-    stmt = select(Node).where(Node.state == NodeState.SPARE).order_by(Node.name)
+def spare_nodes(session: Session, cluster: str, *, for_update: bool = False) -> list[Node]:
+    """`cluster`'s spare pool: a spare never leaves its cluster."""
+    stmt = select(Node).where(Node.cluster == cluster, Node.state == NodeState.SPARE)
+    stmt = stmt.order_by(Node.name)
     if for_update:
         stmt = stmt.with_for_update()
     return list(session.scalars(stmt).all())
 
 
-def nodes_held_by_runs(session: Session) -> set[str]:
+def nodes_held_by_runs(session: Session, cluster: str) -> set[str]:
+    """The names of `cluster`'s nodes its active runs hold."""
     rows = session.scalars(  # queued runs hold no nodes: 10,000 of them cost 0.2 s a tick
-        select(Run.nodes).where(Run.state.in_(ACTIVE_RUN_STATES), func.cardinality(Run.nodes) > 0)
+        select(Run.nodes).where(
+            Run.cluster == cluster,
+            Run.state.in_(ACTIVE_RUN_STATES),
+            func.cardinality(Run.nodes) > 0,
+        )
     ).all()
     return {n for nodes in rows for n in nodes}
 
@@ -123,10 +143,12 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
     name = spare_reservation(settings.slurm_job_prefix)
     ours = set(snapshot.reservations.get(name, []))
     free = snapshot.free_nodes()
+    cluster = snapshot.cluster
+    configured = configured_target(settings, cluster)
     with session_scope() as session:
-        target = get_target(session)
-        spares = spare_nodes(session, for_update=True)
-        held = nodes_held_by_runs(session)
+        target = get_target(session, cluster, configured)
+        spares = spare_nodes(session, cluster, for_update=True)
+        held = nodes_held_by_runs(session, cluster)
         for extra in spares[target:]:
             set_node_state(session, extra, NodeState.HEALTHY, "released: spare pool shrank")
         if len(spares) < target:
@@ -134,7 +156,7 @@ def maintain_spares(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmC
                 n
                 for n in session.scalars(
                     select(Node)
-                    .where(Node.state == NodeState.HEALTHY)
+                    .where(Node.cluster == cluster, Node.state == NodeState.HEALTHY)
                     .order_by(Node.name)
                     .with_for_update()
                 ).all()

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from service.auth.deps import USERS, PrincipalDep
+from service.clusters.deps import ClusterQuery, cluster_name
 from service.config import get_settings
 from service.db import SessionDep
 from service.errors import DbId
@@ -52,11 +53,12 @@ def list_runs(
     state: RunState | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    cluster: ClusterQuery = None,
 ) -> RunList:
-    """Runs, newest first."""
-    runs, total = repository.list_runs(
-        session, state, limit, offset, None if principal.is_admin else principal.team
-    )
+    """Runs (of one cluster, if given), newest first."""
+    team = None if principal.is_admin else principal.team
+    on = cluster_name(cluster) if cluster is not None else None
+    runs, total = repository.list_runs(session, state, limit, offset, team, on)
     return RunList(items=[run_out(r) for r in runs], total=total)
 
 

@@ -33,15 +33,23 @@ def get_run(session: Session, run_id: int, *, for_update: bool = False) -> Run |
 
 
 def list_runs(
-    session: Session, state: RunState | None, limit: int, offset: int, team: str | None = None
+    session: Session,
+    state: RunState | None,
+    limit: int,
+    offset: int,
+    team: str | None = None,
+    cluster: str | None = None,
 ) -> tuple[Sequence[Run], int]:
-    """Newest first; only `team`'s runs unless team is None (an admin's view)."""
+    """Newest first; only `team`'s runs unless team is None (an admin's view), and only
+    `cluster`'s when given."""
     stmt = select(Run).options(selectinload(Run.attempts)).order_by(Run.id.desc())
     count = select(func.count()).select_from(Run)
     if state is not None:
         stmt, count = stmt.where(Run.state == state), count.where(Run.state == state)
     if team is not None:
         stmt, count = stmt.where(Run.team == team), count.where(Run.team == team)
+    if cluster is not None:
+        stmt, count = stmt.where(Run.cluster == cluster), count.where(Run.cluster == cluster)
     return session.scalars(stmt.limit(limit).offset(offset)).all(), session.scalar(count) or 0
 
 

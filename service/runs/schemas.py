@@ -99,6 +99,12 @@ class RunSpec(_Spec):
         "llama3-405b), an explicit shape {layers, hidden, heads, kv_heads, ffn, vocab}, or "
         "{from_hf: folder} to start from a Hugging Face Llama checkpoint's weights."
     )
+    cluster: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
+        description="The Slurm cluster (ClusterName) the run must run on; left out, the "
+        "service's default cluster (`runyard cluster list`).",
+    )
     nodes: int = Field(ge=1, le=1280, description="Slurm nodes for each attempt.")
     gpus_per_node: int = Field(default=8, ge=1, le=8, description="Ranks per node.")
     seq_len: int = Field(ge=8, le=131072, description="Tokens per sequence.")
@@ -280,6 +286,7 @@ class AttemptOut(BaseModel):
     id: int
     number: int
     state: AttemptState
+    cluster: str = Field(default="", description="Where its job was submitted.")
     slurm_job_id: str | None
     node_list: str | None
     nodes: list[str]
@@ -311,6 +318,7 @@ class RunOut(BaseModel):
 
     id: int
     name: str
+    cluster: str = Field(default="", description="The Slurm cluster the run is on.")
     owner: str = ""
     team: str = ""
     priority: str = "research"

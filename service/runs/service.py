@@ -16,6 +16,7 @@ from contract.run_config import DataSkip
 from planner.resolve import Resolved
 from service.auth.principal import Principal
 from service.auth.service import audit
+from service.clusters.registry import run_cluster
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.owner_folders import checkpoint_folder, owner_root
@@ -51,6 +52,7 @@ def decide(
     """Everything the service decides about a spec before it becomes a run: who it runs
     as, the layout, the plan, the team's quota, and the Python an entrypoint runs in, as
     its owner runs it. `--dry-run` stops here."""
+    run_cluster(settings, spec.cluster)  # a cluster it cannot run on is refused first
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
     if owner is not None and acts_as_owner(spec) and not session.in_nested_transaction():
@@ -98,6 +100,7 @@ def create_run(
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     run = Run(
         name=spec.name,
+        cluster=run_cluster(settings, spec.cluster).name,
         owner=principal.user if principal else "",
         team=principal.team if principal else "",
         unix_user=owner.unix_user if owner else "",
@@ -214,6 +217,7 @@ def run_out(run: Run, goodput: Goodput | None = None) -> RunOut:
     return RunOut(
         id=run.id,
         name=run.name,
+        cluster=run.cluster,
         owner=run.owner,
         team=run.team,
         priority=run.priority,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.slurm.commands import JobStatus, SlurmError, parse_exit_code, run_slurm
+from service.slurm.target import SlurmTarget
 
 FIELDS = "JobID,State,NodeList,ExitCode,Reason"
 
@@ -39,18 +40,18 @@ def parse_sacct(out: str, job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
-def run_sacct(argv: list[str]) -> str:
+def run_sacct(target: SlurmTarget, argv: list[str]) -> str:
     """sacct's output, or "" when it cannot answer: without accounting it prints an error
     and nothing else, and a sacct that is missing or hangs is no answer either."""
     try:
-        return run_slurm(argv, check=False)
+        return run_slurm(target, argv, check=False)
     except SlurmError:
         return ""
 
 
-def ended_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
+def ended_jobs(target: SlurmTarget, job_ids: Sequence[str]) -> dict[str, JobStatus]:
     """How the jobs among `job_ids` ended, from accounting; {} where there is none."""
     if not job_ids:
         return {}
-    out = run_sacct(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", FIELDS])
+    out = run_sacct(target, ["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", FIELDS])
     return parse_sacct(out, job_ids)

@@ -7,7 +7,7 @@ to it (service/auth/login.py), so runyard charges their runs where `sbatch` woul
 
 from __future__ import annotations
 
-from service.slurm.commands import run_slurm
+from service.slurm.commands import run_slurm, site_target
 
 
 def parse_default_account(out: str) -> str | None:
@@ -22,4 +22,4 @@ def default_account(login: str) -> str | None:
     when sacctmgr fails (SlurmUnreachable when slurmdbd does not answer). Never call it
     while a database transaction is open."""
     argv = ["sacctmgr", "show", "user", login, "format=DefaultAccount", "-nP"]
-    return parse_default_account(run_slurm(argv))
+    return parse_default_account(run_slurm(site_target(), argv))

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Protocol
 
 from service.config import Settings
+from service.config_areas.clusters import ClusterConfig, TopologySource
 from service.slurm import commands, queries
 from service.slurm.commands import JobStatus, SlurmNode
 from service.slurm.owner import RunOwner
 from service.slurm.submit import ArrayRequest, AttemptRequest
-from service.slurm.topology import Topology
+from service.slurm.target import SlurmTarget
+from service.slurm.topology import Topology, TopologyKind
 
 
 class ActsAsOwner(Protocol):
@@ -43,40 +45,47 @@ class CliSlurmClient:
     Slurm lets an operator do (drain, reservations, scancel, queries) the service does as
     itself; a job's submission and steps inside a job, as the job's owner (`owner_gate`)."""
 
-    def __init__(self, settings: Settings, owner_gate: ActsAsOwner) -> None:
+    def __init__(self, settings: Settings, owner_gate: ActsAsOwner, cluster: ClusterConfig) -> None:
+        """The client of `cluster`: every command goes to it (service/slurm/target.py), and
+        `owner_gate` must act on the same cluster."""
         self.settings = settings
         self.owner_gate = owner_gate
+        self.config = cluster
+        self.cluster_name = cluster.name
+        self.target = SlurmTarget.of(cluster, settings.slurm_conf)
         # Reservations are made for the service's own user, and a run's for its owner too.
         self.user = getpass.getuser()
 
     def show_nodes(self) -> list[SlurmNode]:
-        return queries.show_nodes()
+        return queries.show_nodes(self.target)
 
     def node_switches(self) -> dict[str, str]:
-        return commands.node_switches()
+        return self.topology().group_of
 
     def topology(self) -> Topology:
-        return commands.show_topology()
+        if self.config.topology is TopologySource.FLAT:
+            return Topology(TopologyKind.FLAT)
+        return commands.show_topology(self.target)
 
     def drain(self, node: str, reason: str) -> None:
-        commands.drain_node(node, reason)
+        commands.drain_node(self.target, node, reason)
 
     def resume(self, node: str) -> None:
-        commands.resume_node(node)
+        commands.resume_node(self.target, node)
 
     def reservations(self) -> dict[str, list[str]]:
-        return queries.show_reservations()
+        return queries.show_reservations(self.target)
 
     def create_reservation(
         self, name: str, nodes: Sequence[str], users: Sequence[str] = ()
     ) -> None:
-        commands.create_reservation(name, nodes, [self.user, *users])
+        commands.create_reservation(self.target, name, nodes, [self.user, *users])
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
-        commands.update_reservation(name, nodes)
+        commands.update_reservation(self.target, name, nodes)
 
     def delete_reservation(self, name: str) -> None:
-        commands.delete_reservation(name)
+        commands.delete_reservation(self.target, name)
 
     def submit(self, req: AttemptRequest, worker_token: str) -> str:
         return self.owner_gate.submit(req, worker_token)
@@ -85,19 +94,19 @@ class CliSlurmClient:
         return self.owner_gate.submit_array(req, worker_tokens)
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        return queries.squeue(list(job_ids))
+        return queries.squeue(self.target, list(job_ids))
 
     def job_details(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
-        found = queries.show_jobs(job_ids)
+        found = queries.show_jobs(self.target, job_ids)
         forgotten = [job for job in job_ids if job not in found]
         # Jobs slurmctld no longer remembers: how they ended is in accounting, if any.
-        return found | queries.ended_jobs(forgotten) if forgotten else found
+        return found | queries.ended_jobs(self.target, forgotten) if forgotten else found
 
     def jobs_by_name(self, prefix: str) -> dict[str, str]:
-        return queries.jobs_by_name(prefix)
+        return queries.jobs_by_name(self.target, prefix)
 
     def array_job_by_name(self, name: str) -> str | None:
-        return queries.array_job_by_name(name)
+        return queries.array_job_by_name(self.target, name)
 
     def finish_submission(
         self, owner: RunOwner, job_folder: Path, job_ids: Mapping[int, str]
@@ -110,7 +119,7 @@ class CliSlurmClient:
             # A run accepted before runs had owners was submitted as the service itself.
             by_user.setdefault(user or self.user, []).append(job_id)
         for user, job_ids in by_user.items():
-            commands.scancel(user, job_ids)
+            commands.scancel(self.target, user, job_ids)
 
     def run_in_job(
         self, owner: RunOwner, job_id: str, num_nodes: int, script: str, timeout_s: float

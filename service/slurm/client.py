@@ -27,7 +27,10 @@ __all__ = ["JobStatus", "SlurmClient", "SlurmError", "SlurmNode", "SlurmUnreacha
 class SlurmClient(Protocol):
     """What the reconciler may ask of Slurm. Methods raise SlurmError when Slurm answers
     with an error or not at all, unless their docstring says otherwise. Never call one while
-    a database transaction is open."""
+    a database transaction is open. One client drives one cluster: every call goes to it."""
+
+    # Slurm's ClusterName of the cluster this client drives (what rows record as `cluster`).
+    cluster_name: str
 
     # The cluster: nodes and the network topology.
     def show_nodes(self) -> list[SlurmNode]:

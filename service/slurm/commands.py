@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from service.config import get_settings
 from service.slurm.hostlist import expand_hostlist
+from service.slurm.target import SlurmTarget
 from service.slurm.topology import Topology, parse_topology
 
 TIMEOUT_S = 20
@@ -53,6 +54,8 @@ def slurm_error(message: str) -> SlurmError:
 
 
 def slurm_env() -> dict[str, str]:
+    """The process's environment with the site's SLURM_CONF: what a command that names no
+    cluster (sacctmgr, `scontrol --version`) runs with; a target adds its cluster's."""
     env = dict(os.environ)
     conf = get_settings().slurm_conf
     if conf is not None:
@@ -60,38 +63,47 @@ def slurm_env() -> dict[str, str]:
     return env
 
 
+def site_target() -> SlurmTarget:
+    """The Slurm the service's environment reaches, named by no cluster: for what is the
+    same on every cluster of a site (sacctmgr asks the shared slurmdbd)."""
+    return SlurmTarget("", get_settings().slurm_conf)
+
+
 # What squeue and scontrol say when asked for jobs slurmctld has forgotten: an answer
 # ("none of those"), not an outage.
 UNKNOWN_JOB = "Invalid job id"
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(target: SlurmTarget, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    argv = target.argv(argv)
     try:
-        return subprocess.run(
-            argv, capture_output=True, text=True, env=slurm_env(), timeout=TIMEOUT_S
+        out = subprocess.run(
+            argv, capture_output=True, text=True, env=target.env(slurm_env()), timeout=TIMEOUT_S
         )
     except subprocess.TimeoutExpired as exc:
         raise SlurmUnreachable(f"{shlex.join(argv)}: {exc}") from exc
     except OSError as exc:
         raise SlurmError(f"{shlex.join(argv)}: {exc}") from exc
+    return subprocess.CompletedProcess(argv, out.returncode, target.answer(out.stdout), out.stderr)
 
 
 def _failed(argv: list[str], out: subprocess.CompletedProcess[str]) -> SlurmError:
     return slurm_error(f"{shlex.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
 
 
-def run_slurm(argv: list[str], *, check: bool = True) -> str:
-    out = _run(argv)
+def run_slurm(target: SlurmTarget, argv: list[str], *, check: bool = True) -> str:
+    """`argv` on `target`'s cluster; its stdout. Raises SlurmError when it fails (`check`)."""
+    out = _run(target, argv)
     if check and out.returncode != 0:
         raise _failed(argv, out)
     return out.stdout
 
 
-def query_jobs(argv: list[str]) -> str:
+def query_jobs(target: SlurmTarget, argv: list[str]) -> str:
     """Run a job query that may name forgotten jobs. Slurm exits non-zero both for those
     and when slurmctld does not answer; only the first is an answer. Raising on the second
     matters: read as "no such jobs", an outage would fail every running attempt."""
-    out = _run(argv)
+    out = _run(target, argv)
     if out.returncode != 0 and UNKNOWN_JOB not in out.stderr:
         raise _failed(argv, out)
     return out.stdout
@@ -148,13 +160,13 @@ def parse_exit_code(text: str) -> int | None:
     return 128 + int(signal) if code == "0" and signal.isdigit() and int(signal) else int(code)
 
 
-def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
+def squeue(target: SlurmTarget, job_ids: list[str]) -> dict[str, JobStatus]:
     """Live jobs among `job_ids`, in one call; SlurmError when slurmctld does not answer."""
     if not job_ids:
         return {}
     # -r: one line per array task (`123_4`), pending ones too, not one `123_[4-9%2]` line.
     argv = ["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"]
-    out = query_jobs(argv)
+    out = query_jobs(target, argv)
     jobs = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -163,11 +175,11 @@ def squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     return jobs
 
 
-def jobs_by_name(prefix: str) -> dict[str, str]:
+def jobs_by_name(target: SlurmTarget, prefix: str) -> dict[str, str]:
     """Jobs slurmctld knows whose name starts with `prefix`: name -> id (adopts orphans). Raises
     SlurmError when squeue fails: "cannot tell" must not read as "none queued"."""
     # -t all: a job that already ended (slurmctld keeps it for MinJobAge) was still ours.
-    out = run_slurm(["squeue", "-h", "-t", "all", "-o", "%j|%i"])
+    out = run_slurm(target, ["squeue", "-h", "-t", "all", "-o", "%j|%i"])
     found = {}
     for line in out.splitlines():
         name, _, job_id = line.strip().partition("|")
@@ -176,10 +188,10 @@ def jobs_by_name(prefix: str) -> dict[str, str]:
     return found
 
 
-def array_job_by_name(name: str) -> str | None:
+def array_job_by_name(target: SlurmTarget, name: str) -> str | None:
     """The id of the job array named `name` slurmctld knows (adopts one sbatched before a crash).
     Raises SlurmError when squeue fails: "cannot tell" must not read as "not queued"."""
-    out = run_slurm(["squeue", "-h", "-r", "-t", "all", "-n", name, "-o", "%F"])
+    out = run_slurm(target, ["squeue", "-h", "-r", "-t", "all", "-n", name, "-o", "%F"])
     ids = {line.strip() for line in out.splitlines() if line.strip()}
     return min(ids, key=int) if ids else None
 
@@ -218,7 +230,7 @@ def parse_jobs(out: str, job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
-def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
+def show_jobs(target: SlurmTarget, job_ids: Sequence[str]) -> dict[str, JobStatus]:
     """The jobs among `job_ids` slurmctld still remembers (live or ended), in one call: one
     job is asked for by id, several by listing every job slurmctld remembers."""
     if not job_ids:
@@ -226,7 +238,7 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     argv = ["scontrol", "show", "job", "-o"]
     if len(job_ids) == 1:
         argv.append(job_ids[0])
-    out = query_jobs(argv)
+    out = query_jobs(target, argv)
     found = parse_jobs(out, job_ids)
     if len(job_ids) == 1 and not found and out.strip():
         # Asked by id, the one record is that job whatever id it lists first.
@@ -234,7 +246,7 @@ def show_jobs(job_ids: Sequence[str]) -> dict[str, JobStatus]:
     return found
 
 
-def scancel(user: str, job_ids: Sequence[str]) -> None:
+def scancel(target: SlurmTarget, user: str, job_ids: Sequence[str]) -> None:
     """One scancel for these jobs of `user`'s; ones that already ended are not an error.
 
     `--user` makes scancel leave alone any of them that runs as someone else (22.05 filters
@@ -249,7 +261,9 @@ def scancel(user: str, job_ids: Sequence[str]) -> None:
         raise ValueError(f"scancel needs the Unix user the jobs run as, not {user!r}")
     # Never without ids: `scancel --user=alice` alone cancels every job of alice's.
     if job_ids:
-        run_slurm(["scancel", f"--user={user}", "--", *job_ids], check=False)  # ids, no options
+        run_slurm(
+            target, ["scancel", f"--user={user}", "--", *job_ids], check=False
+        )  # ids, no options
 
 
 @dataclass(frozen=True)
@@ -271,8 +285,8 @@ def parse_gpus(gres: str) -> int:
     return total
 
 
-def show_nodes() -> list[SlurmNode]:
-    out = run_slurm(["scontrol", "show", "node", "-o"])
+def show_nodes(target: SlurmTarget) -> list[SlurmNode]:
+    out = run_slurm(target, ["scontrol", "show", "node", "-o"])
     nodes = []
     for line in out.splitlines():
         if not line.strip():
@@ -291,33 +305,35 @@ def show_nodes() -> list[SlurmNode]:
     return nodes
 
 
-def show_topology() -> Topology:
+def show_topology(target: SlurmTarget) -> Topology:
     """`scontrol show topology`: leaf switches (tree) or blocks (block); text in every
     version (service/slurm/topology.py)."""
-    return parse_topology(run_slurm(["scontrol", "show", "topology"], check=False))
+    return parse_topology(run_slurm(target, ["scontrol", "show", "topology"], check=False))
 
 
-def node_switches() -> dict[str, str]:
+def node_switches(target: SlurmTarget) -> dict[str, str]:
     """Node name -> its leaf switch (or base block), from `scontrol show topology`."""
-    return show_topology().group_of
+    return show_topology(target).group_of
 
 
 DRAIN_PREFIX = "runyard:"  # only nodes whose drain reason carries it are ours to resume
 
 
-def drain_node(name: str, reason: str) -> None:
+def drain_node(target: SlurmTarget, name: str, reason: str) -> None:
     """Drain `name` so Slurm schedules nothing new on it; the reason shows in `sinfo -R`."""
     text = reason if reason.startswith(DRAIN_PREFIX) else f"{DRAIN_PREFIX} {reason}"
-    run_slurm(["scontrol", "update", f"nodename={name}", "state=drain", f"reason={text[:200]}"])
+    run_slurm(
+        target, ["scontrol", "update", f"nodename={name}", "state=drain", f"reason={text[:200]}"]
+    )
 
 
-def resume_node(name: str) -> None:
-    run_slurm(["scontrol", "update", f"nodename={name}", "state=resume"])
+def resume_node(target: SlurmTarget, name: str) -> None:
+    run_slurm(target, ["scontrol", "update", f"nodename={name}", "state=resume"])
 
 
-def show_reservations() -> dict[str, list[str]]:
+def show_reservations(target: SlurmTarget) -> dict[str, list[str]]:
     """Reservation name -> its nodes (expanded)."""
-    out = run_slurm(["scontrol", "show", "reservation", "-o"], check=False)
+    out = run_slurm(target, ["scontrol", "show", "reservation", "-o"], check=False)
     found: dict[str, list[str]] = {}
     for line in out.splitlines():
         fields = parse_key_values(line)
@@ -327,7 +343,9 @@ def show_reservations() -> dict[str, list[str]]:
     return found
 
 
-def create_reservation(name: str, nodes: Sequence[str], users: Sequence[str]) -> None:
+def create_reservation(
+    target: SlurmTarget, name: str, nodes: Sequence[str], users: Sequence[str]
+) -> None:
     """A reservation for `users` holding `nodes` from now on; one of that name that already
     exists (a snapshot older than it) is updated to `nodes` instead."""
     node_arg = f"nodes={','.join(sorted(nodes))}"
@@ -335,6 +353,7 @@ def create_reservation(name: str, nodes: Sequence[str], users: Sequence[str]) ->
     # while a spare moves from the pool into a run.
     try:
         run_slurm(
+            target,
             [
                 "scontrol",
                 "create",
@@ -344,16 +363,18 @@ def create_reservation(name: str, nodes: Sequence[str], users: Sequence[str]) ->
                 "duration=infinite",
                 f"users={','.join(dict.fromkeys(users))}",
                 "flags=ignore_jobs,maint",
-            ]
+            ],
         )
     except SlurmError as exc:
         if "Duplicate reservation name" not in str(exc):
             raise
-        update_reservation(name, nodes)
+        update_reservation(target, name, nodes)
 
 
-def update_reservation(name: str, nodes: Sequence[str]) -> None:
-    run_slurm(["scontrol", "update", f"reservation={name}", f"nodes={','.join(sorted(nodes))}"])
+def update_reservation(target: SlurmTarget, name: str, nodes: Sequence[str]) -> None:
+    run_slurm(
+        target, ["scontrol", "update", f"reservation={name}", f"nodes={','.join(sorted(nodes))}"]
+    )
 
 
 # What `scontrol delete reservation` prints when slurmctld says no (slurm_errno.c). It
@@ -370,32 +391,36 @@ def reservation_gone(message: str) -> bool:
     return RESERVATION_GONE in message
 
 
-def delete_reservation(name: str) -> None:
+def delete_reservation(target: SlurmTarget, name: str) -> None:
     """Delete reservation `name`; one that does not exist counts as deleted. Raises
     SlurmError when slurmctld refuses (RESERVATION_BUSY) or does not answer: until it
     is gone its nodes are not free, and the caller must ask again rather than say so."""
     argv = ["scontrol", "delete", f"reservation={name}"]
-    out = _run(argv)
+    out = _run(target, argv)
     if out.returncode != 0 and not reservation_gone(out.stderr):
         raise _failed(argv, out)
 
 
-def srun_in_job(job_id: str, num_nodes: int, script: str, timeout_s: float) -> str:
+def srun_in_job(
+    target: SlurmTarget, job_id: str, num_nodes: int, script: str, timeout_s: float
+) -> str:
     """`script` once per node of a running job, through an overlapping step (the job's own
     tasks keep their CPUs); stdout and stderr together."""
-    argv = [
-        "srun",
-        f"--jobid={job_id}",
-        "--overlap",
-        f"-N{num_nodes}",
-        "--ntasks-per-node=1",
-        "bash",
-        "-c",
-        script,
-    ]
+    argv = target.argv(
+        [
+            "srun",
+            f"--jobid={job_id}",
+            "--overlap",
+            f"-N{num_nodes}",
+            "--ntasks-per-node=1",
+            "bash",
+            "-c",
+            script,
+        ]
+    )
     try:
         out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, env=slurm_env()
+            argv, capture_output=True, text=True, timeout=timeout_s, env=target.env(slurm_env())
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmError(f"srun --jobid={job_id}: {exc}") from exc

@@ -43,6 +43,10 @@ from service.slurm.topology import Topology, TopologyKind
 CANCELLED_EXIT = 128 + 15  # scancel sends SIGTERM: Slurm records ExitCode=0:15
 
 
+# The unit tier's cluster (tests/unit/conftest.py sets RUNYARD_CLUSTER_NAME to it too).
+DEFAULT_FAKE_CLUSTER = "default"
+
+
 @dataclass
 class FakeNode:
     name: str
@@ -120,18 +124,27 @@ class FakeSlurm:
     next_id: int = 1000
     # Set: the switches are topology/block's blocks of this many nodes (Slurm 24.05+).
     block_size: int | None = None
+    # Slurm's ClusterName: what the reconciler driving this fake records on its rows.
+    cluster_name: str = DEFAULT_FAKE_CLUSTER
 
     @classmethod
     def cluster(
-        cls, *, num_switches: int, nodes_per_switch: int, num_gpus: int = 8, prefix: str = "gpu"
+        cls,
+        *,
+        num_switches: int,
+        nodes_per_switch: int,
+        num_gpus: int = 8,
+        prefix: str = "gpu",
+        cluster_name: str = DEFAULT_FAKE_CLUSTER,
     ) -> FakeSlurm:
-        """Nodes gpu001, gpu002, ... filled switch by switch (leaf1, leaf2, ...)."""
+        """Nodes gpu001, gpu002, ... filled switch by switch (leaf1, leaf2, ...), on the
+        cluster `cluster_name` (two fakes may both have a gpu001, as two clusters may)."""
         width = max(3, len(str(num_switches * nodes_per_switch)))
         nodes = {}
         for i in range(num_switches * nodes_per_switch):
             name = f"{prefix}{i + 1:0{width}d}"
             nodes[name] = FakeNode(name, f"leaf{i // nodes_per_switch + 1}", num_gpus)
-        return cls(nodes=nodes)
+        return cls(nodes=nodes, cluster_name=cluster_name)
 
     # --- driving the fake (what the cluster and the workers do) -------------------------
 

@@ -22,6 +22,8 @@ def is_down(state: str) -> bool:
 class ClusterSnapshot:
     nodes: dict[str, SlurmNode]
     reservations: dict[str, list[str]]
+    # The cluster it was read from (Slurm's ClusterName): node names mean its nodes.
+    cluster: str
 
     def reserved(self) -> set[str]:
         return {n for nodes in self.reservations.values() for n in nodes}
@@ -59,4 +61,5 @@ def take_snapshot(slurm: SlurmClient) -> ClusterSnapshot:
     return ClusterSnapshot(
         nodes={n.name: n for n in slurm.show_nodes()},
         reservations=slurm.reservations(),
+        cluster=slurm.cluster_name,
     )

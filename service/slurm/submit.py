@@ -46,11 +46,19 @@ class SubmitSettings:
     ca_file: str | None = None
     # The owner's files: folders team-readable, nothing for others (docs/install.md).
     umask: int = 0o027
+    # sbatch --clusters: the cluster a multi-cluster target names (service/slurm/target.py);
+    # None: the cluster SLURM_CONF reaches.
+    clusters: str | None = None
 
     @classmethod
-    def of(cls, settings: Settings) -> SubmitSettings:
+    def of(
+        cls, settings: Settings, partition: str | None = None, clusters: str | None = None
+    ) -> SubmitSettings:
+        """The site's settings, on a cluster's partition and reached with --clusters where
+        that cluster is reached through Slurm's multi-cluster operation."""
         return cls(
-            partition=settings.partition,
+            partition=partition or settings.partition,
+            clusters=clusters,
             api_url=settings.api_url,
             worker_python=settings.worker_python,
             ca_file=None if settings.ca is None else str(settings.ca),
@@ -165,6 +173,9 @@ def sbatch_parameters(
     # requeueing or failing the job under us. The service stops segments itself, through the
     # ranks' progress replies (reconcile/preemption.py); SIGURG is ignored by every process.
     extra: dict[str, Any] = {"signal": "URG@15"}
+    if settings.clusters:
+        # Slurm's multi-cluster operation: sbatch sends the job to that cluster's slurmctld.
+        extra["clusters"] = settings.clusters
     # Charged to the owner's account, so fair share, QoS limits and sacct see whose it is.
     if req.owner.slurm_account:
         extra["account"] = req.owner.slurm_account

@@ -108,6 +108,7 @@ def record_progress(
         stragglers.record_update_times(
             session,
             run.id,
+            attempt.cluster,
             {n: t for n, t in report.node_update_s.update_s.items() if n in run.nodes},
             settings,
             slow_nodes.on_flagged(session, run, attempt, settings, report.node_update_s.step),
@@ -264,7 +265,7 @@ def record_error(
         attempt,
         report.model_dump(),
     )
-    node = nodes_repo.get_node(session, report.node) if report.node else None
+    node = nodes_repo.get_node(session, attempt.cluster, report.node) if report.node else None
     # An exception in the run's own code (or a checkpoint that fails to load, or a loss
     # spike: service/runs/rollback.py) says nothing about the node: it stays out of the
     # node's history (recovery/repeats.py reads it).
@@ -276,6 +277,7 @@ def record_error(
     ):
         session.add(
             NodeEvent(
+                cluster=node.cluster,
                 node_name=node.name,
                 kind=report.kind,
                 action="RESTART",

@@ -48,6 +48,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/v1/sweeps/{sweep_id}"): USERS,
     ("POST", "/v1/sweeps/{sweep_id}/cancel"): USERS,
     ("GET", "/v1/nodes"): USERS,
+    ("GET", "/v1/clusters"): USERS,
     ("GET", "/v1/nodes/{name}"): USERS,
     ("POST", "/v1/nodes/{name}/heartbeat"): AGENTS,
     ("POST", "/v1/nodes/{name}/events"): AGENTS,
@@ -129,9 +130,15 @@ def world(database_url: str, app: Any) -> Iterator[World]:
     engine = create_engine(database_url)
     tokens: dict[str, str] = {}
     with Session(engine) as s, s.begin():
-        if s.get(Node, "gpu001") is None:
+        if s.get(Node, ("default", "gpu001")) is None:
             s.add(
-                Node(name="gpu001", state=NodeState.HEALTHY, state_reason="test", num_app_errors=0)
+                Node(
+                    cluster="default",
+                    name="gpu001",
+                    state=NodeState.HEALTHY,
+                    state_reason="test",
+                    num_app_errors=0,
+                )
             )
         for label, role, team, extra in [
             ("user", Role.USER, "alpha", {}),
@@ -161,6 +168,7 @@ def world(database_url: str, app: Any) -> Iterator[World]:
                 state=AttemptState.RUNNING,
                 job_name="x",
                 job_folder="/tmp",
+                cluster="default",
                 nodes=["gpu001"],
             )
             s.add(attempt)
@@ -478,6 +486,7 @@ def test_a_worker_token_dies_with_its_attempt_at_once(
             state=AttemptState.RUNNING,
             job_name="x",
             job_folder="/tmp",
+            cluster="default",
             nodes=["gpu001"],
         )
         s.add(attempt)

@@ -24,7 +24,13 @@ def nodes(database_url: str) -> Iterator[Session]:
     engine = create_engine(database_url)
     with Session(engine) as s, s.begin():
         s.add_all(
-            Node(name=n, state=NodeState.HEALTHY, state_reason="test", num_app_errors=0)
+            Node(
+                cluster="default",
+                name=n,
+                state=NodeState.HEALTHY,
+                state_reason="test",
+                num_app_errors=0,
+            )
             for n in NODES
         )
     with Session(engine) as session:
@@ -42,7 +48,7 @@ def test_heartbeats_arriving_together_share_a_commit(nodes: Session) -> None:
         groups.append(names)
         first_in_flight.set()
         release.wait(timeout=10)  # the first group stays in flight while the rest arrive
-        return touch_heartbeats(session, names)
+        return touch_heartbeats(session, "default", names)
 
     heartbeats = GroupCommit("test heartbeats", LIVENESS, held_open)
 

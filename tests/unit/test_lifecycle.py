@@ -13,6 +13,7 @@ from service.runs.run_state_machine import IllegalTransition, set_attempt_state,
 def make_run(session: Session) -> Run:
     run = Run(
         name="r",
+        cluster="default",
         state=RunState.PENDING,
         spec={},
         config={},
@@ -35,6 +36,7 @@ def test_transitions_are_recorded_with_reason_and_times(db_session: Session) -> 
         state=AttemptState.SUBMITTING,
         job_name="j",
         job_folder="/tmp",
+        cluster="default",
         nodes=[],
     )
     db_session.add(attempt)

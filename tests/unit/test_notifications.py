@@ -100,6 +100,7 @@ def test_an_incident_on_a_node_reaches_the_team_whose_run_holds_it(db_session: S
         signal="xid:79",
         action=RecoveryAction.DRAIN_AND_MOVE,
         message="gpu017: NVRM: Xid 79, GPU has fallen off the bus",
+        cluster="default",
         node="gpu017",
     )
     db_session.flush()

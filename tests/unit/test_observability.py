@@ -52,9 +52,12 @@ def test_state_gauges_follow_the_database(db_session: Session) -> None:
     db_session.add_all(
         [
             Node(
-                name="obs001", state=NodeState.SPARE, last_heartbeat_at=now - timedelta(seconds=7)
+                cluster="default",
+                name="obs001",
+                state=NodeState.SPARE,
+                last_heartbeat_at=now - timedelta(seconds=7),
             ),
-            Node(name="obs002", state=NodeState.DRAINED, num_app_errors=0),
+            Node(cluster="default", name="obs002", state=NodeState.DRAINED, num_app_errors=0),
         ]
     )
     run = add_run(db_session, RunState.RUNNING, name="watched", tokens_per_s=10000.0)
@@ -73,11 +76,13 @@ def test_state_gauges_follow_the_database(db_session: Session) -> None:
 
     assert after[("runyard_database_up", ())] == 1
     assert delta("runyard_runs", state="RUNNING") == 1
-    assert (
-        delta("runyard_nodes", state="SPARE") == 1 and delta("runyard_nodes", state="DRAINED") == 1
-    )
-    assert delta("runyard_spare_pool_nodes") == 1
-    assert 6 < after[("runyard_node_heartbeat_lag_seconds", (("node", "obs001"),))] < 60
+    # Node gauges are per cluster: a node is (cluster, name).
+    on = {"cluster": "default"}
+    assert delta("runyard_nodes", state="SPARE", **on) == 1
+    assert delta("runyard_nodes", state="DRAINED", **on) == 1
+    assert delta("runyard_spare_pool_nodes", **on) == 1
+    lag = ("runyard_node_heartbeat_lag_seconds", (("cluster", "default"), ("node", "obs001")))
+    assert 6 < after[lag] < 60
     # The only running run: half the plan's 20,000 tokens/s at 40 % MFU -> 20 %. Its
     # goodput (10 s of start-up lost) is below the plan's 0.97, but judged only after an hour.
     assert abs(after[("runyard_running_mfu_ratio", ())] - 0.2) < 1e-9

@@ -19,6 +19,11 @@ READ_FROM_ITS_VARIABLE = {
     "AuthSettings": ("login_min_uid", "2000", 2000),
     "IdentitySettings": ("owner_group", "ml-users", "ml-users"),
     "ClusterSettings": ("partition", "gpu-long", "gpu-long"),
+    "ClustersSettings": (
+        "clusters_file",
+        "/etc/runyard/clusters.toml",
+        Path("/etc/runyard/clusters.toml"),
+    ),
     "ReconcilerSettings": ("reconcile_interval_s", "2.5", 2.5),
     "RecoverySettings": ("stop_grace_s", "90", 90.0),
     "NodeHealthSettings": ("slow_node_policy", "flag", "flag"),

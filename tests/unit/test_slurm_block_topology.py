@@ -83,7 +83,7 @@ def test_a_blocked_node_is_idle_but_not_free() -> None:
         "gpu001": SlurmNode("gpu001", "IDLE+BLOCKED", "", "127.0.0.1", 8),
         "gpu002": SlurmNode("gpu002", "IDLE", "", "127.0.0.1", 8),
     }
-    snapshot = ClusterSnapshot(nodes, {})
+    snapshot = ClusterSnapshot(nodes, {}, "default")
     assert snapshot.free_nodes() == {"gpu002"}
     assert not snapshot.is_free("gpu001") and snapshot.is_usable("gpu001")
 

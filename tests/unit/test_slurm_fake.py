@@ -18,6 +18,10 @@ from service.slurm.fake import CANCELLED_EXIT, FakeSlurm
 from service.slurm.owner import RunOwner
 from service.slurm.snapshot import ClusterSnapshot, take_snapshot
 from service.slurm.submit import ArrayRequest, AttemptRequest
+from service.slurm.target import SlurmTarget
+
+# The Slurm the environment reaches, as the commands' tests have always run them.
+LOCAL = SlurmTarget("")
 
 
 def attempt(name: str, nodes: list[str], reservation: str | None = None) -> AttemptRequest:
@@ -176,13 +180,13 @@ def test_the_cli_client_scancels_once_per_owner_with_their_user(
     runs had owners (no Unix user) was submitted as the service itself."""
     ran: list[list[str]] = []
 
-    def run_slurm(argv: list[str], check: bool = True) -> str:
+    def run_slurm(target: SlurmTarget, argv: list[str], check: bool = True) -> str:
         ran.append(argv)
         return ""
 
     monkeypatch.setattr(commands, "run_slurm", run_slurm)
     client = CliSlurmClient.__new__(CliSlurmClient)
-    client.user = "runyard"
+    client.user, client.target = "runyard", LOCAL
     client.cancel({"11": "alice", "12": "bob", "13": "alice", "14": ""})
     assert ran == [
         ["scancel", "--user=alice", "--", "11", "13"],
@@ -194,7 +198,7 @@ def test_the_cli_client_scancels_once_per_owner_with_their_user(
     assert ran == []  # never `scancel --user=x` alone: that cancels every job of x's
     for user in ("", "--all"):
         with pytest.raises(ValueError, match="Unix user"):
-            commands.scancel(user, ["11"])
+            commands.scancel(LOCAL, user, ["11"])
 
 
 def test_forgotten_jobs_and_outages() -> None:

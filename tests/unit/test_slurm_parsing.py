@@ -7,6 +7,10 @@ from typing import Any
 import pytest
 
 from service.slurm.commands import parse_exit_code, parse_gpus, parse_key_values
+from service.slurm.target import SlurmTarget
+
+# The Slurm the environment reaches, as the commands' tests have always run them.
+LOCAL = SlurmTarget("")
 
 JOB_LINE = (
     "JobId=6 JobName=runyard-runyard-r2-a3 UserId=root(0) GroupId=root(0) Priority=1 "
@@ -111,16 +115,16 @@ def test_forgotten_jobs_are_an_answer_and_an_outage_is_an_error(
 
     def slurm_says(stderr: str) -> None:
         done = subprocess.CompletedProcess(["squeue"], 1, stdout="", stderr=stderr)
-        monkeypatch.setattr(commands, "_run", lambda argv: done)
+        monkeypatch.setattr(commands, "_run", lambda target, argv: done)
 
     slurm_says("slurm_load_jobs error: Invalid job id specified\n")
-    assert commands.squeue(["999999"]) == {}
-    assert commands.show_jobs(["999999"]) == {}
+    assert commands.squeue(LOCAL, ["999999"]) == {}
+    assert commands.show_jobs(LOCAL, ["999999"]) == {}
     slurm_says("slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
     with pytest.raises(commands.SlurmError, match="Unable to contact"):
-        commands.squeue(["42"])
+        commands.squeue(LOCAL, ["42"])
     with pytest.raises(commands.SlurmError, match="Unable to contact"):
-        commands.show_jobs(["42", "43"])
+        commands.show_jobs(LOCAL, ["42", "43"])
 
 
 def test_no_answer_from_slurmctld_is_told_apart_from_a_refusal() -> None:
@@ -148,4 +152,4 @@ def test_a_slurm_command_that_outlives_its_timeout_is_no_answer(monkeypatch: Any
 
     monkeypatch.setattr(commands.subprocess, "run", hangs)
     with pytest.raises(commands.SlurmUnreachable):
-        commands.run_slurm(["scontrol", "ping"])
+        commands.run_slurm(LOCAL, ["scontrol", "ping"])

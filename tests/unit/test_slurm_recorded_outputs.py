@@ -27,8 +27,12 @@ from client.doctor.result import SiteSettings, Status
 from contract.slurm_features import SlurmFeature, SlurmVersion
 from service.slurm import accounting, commands, json_output, queries, version
 from service.slurm.hostlist import compress_hostlist
+from service.slurm.target import SlurmTarget
 from service.slurm.topology import TopologyKind, parse_topology
 from worker.distributed import parse_node_addr
+
+# The Slurm the environment reaches, as the commands' tests have always run them.
+LOCAL = SlurmTarget("")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm_outputs"
 RELEASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "manifest.json").exists())
@@ -118,10 +122,10 @@ def check_live_jobs(rec: Recording, found: dict[str, commands.JobStatus]) -> Non
 
 
 def test_squeue_lists_the_live_jobs_and_each_array_task(recorded: Recording) -> None:
-    check_live_jobs(recorded, queries.squeue(all_ids(recorded)))
-    check_live_jobs(recorded, commands.squeue(all_ids(recorded)))
+    check_live_jobs(recorded, queries.squeue(LOCAL, all_ids(recorded)))
+    check_live_jobs(recorded, commands.squeue(LOCAL, all_ids(recorded)))
     if has_json(SlurmFeature.SQUEUE_JSON):  # one record for the pending tasks, expanded
-        check_live_jobs(recorded, queries.squeue_json(all_ids(recorded)))
+        check_live_jobs(recorded, queries.squeue_json(LOCAL, all_ids(recorded)))
 
 
 def test_jobs_are_found_by_name_and_arrays_by_theirs(recorded: Recording) -> None:
@@ -133,13 +137,13 @@ def test_jobs_are_found_by_name_and_arrays_by_theirs(recorded: Recording) -> Non
     if has_json(SlurmFeature.SQUEUE_JSON):
         forms.append((queries.jobs_by_name_json, queries.array_job_by_name_json))
     for by_name, array_by_name in forms:
-        named = by_name("runyard-record-")
+        named = by_name(LOCAL, "runyard-record-")
         assert named["runyard-record-ok"] == jobs["completed"]
         assert named["runyard-record-fail"] == jobs["failed"]
         assert named["runyard-record-cancel"] == jobs["cancelled"]
         assert named["runyard-record-run"] == jobs["running"]
         assert named["runyard-record-wait"] == jobs["pending"]
-        assert array_by_name("runyard-record-array") == jobs["array"]
+        assert array_by_name(LOCAL, "runyard-record-array") == jobs["array"]
 
 
 def check_job_details(rec: Recording, found: dict[str, commands.JobStatus]) -> None:
@@ -167,18 +171,18 @@ def test_scontrol_show_job_gives_final_states_and_exit_codes(recorded: Recording
     if has_json(SlurmFeature.SCONTROL_JSON):
         forms.append(queries.show_jobs_json)
     for show_jobs in forms:
-        check_job_details(recorded, show_jobs(ids))
-        assert show_jobs([failed])[failed].exit_code == 3  # asked by id
+        check_job_details(recorded, show_jobs(LOCAL, ids))
+        assert show_jobs(LOCAL, [failed])[failed].exit_code == 3  # asked by id
 
 
 def test_forgotten_jobs_are_an_answer_not_an_outage(recorded: Recording) -> None:
-    assert queries.squeue(["999999"]) == {}
-    assert queries.show_jobs(["999999"]) == {}
-    assert commands.squeue(["999999"]) == {}
-    assert commands.show_jobs(["999999"]) == {}
+    assert queries.squeue(LOCAL, ["999999"]) == {}
+    assert queries.show_jobs(LOCAL, ["999999"]) == {}
+    assert commands.squeue(LOCAL, ["999999"]) == {}
+    assert commands.show_jobs(LOCAL, ["999999"]) == {}
     if has_json(SlurmFeature.SQUEUE_JSON):
-        assert queries.squeue_json(["999999"]) == {}
-        assert queries.show_jobs_json(["999999"]) == {}
+        assert queries.squeue_json(LOCAL, ["999999"]) == {}
+        assert queries.show_jobs_json(LOCAL, ["999999"]) == {}
 
 
 def check_nodes(rec: Recording, nodes: list[commands.SlurmNode]) -> None:
@@ -192,10 +196,10 @@ def check_nodes(rec: Recording, nodes: list[commands.SlurmNode]) -> None:
 
 
 def test_scontrol_show_node_gives_states_drain_reasons_and_gpus(recorded: Recording) -> None:
-    check_nodes(recorded, queries.show_nodes())
-    check_nodes(recorded, commands.show_nodes())
+    check_nodes(recorded, queries.show_nodes(LOCAL))
+    check_nodes(recorded, commands.show_nodes(LOCAL))
     if has_json(SlurmFeature.SCONTROL_JSON):
-        check_nodes(recorded, queries.show_nodes_json())
+        check_nodes(recorded, queries.show_nodes_json(LOCAL))
     one = recorded.text("scontrol_show_one_node.txt")
     assert parse_node_addr(one) == "127.0.0.1"  # what each worker asks of its node
 
@@ -203,10 +207,10 @@ def test_scontrol_show_node_gives_states_drain_reasons_and_gpus(recorded: Record
 def test_reservations_list_their_nodes(recorded: Recording) -> None:
     reserved = recorded.manifest["nodes"][-2]
     name = recorded.manifest["reservation"]
-    assert queries.show_reservations()[name] == [reserved]
-    assert commands.show_reservations()[name] == [reserved]
+    assert queries.show_reservations(LOCAL)[name] == [reserved]
+    assert commands.show_reservations(LOCAL)[name] == [reserved]
     if has_json(SlurmFeature.SCONTROL_JSON):
-        assert queries.show_reservations_json()[name] == [reserved]
+        assert queries.show_reservations_json(LOCAL)[name] == [reserved]
     duplicate = recorded.text("scontrol_create_duplicate_reservation.txt.stderr")
     assert "Duplicate reservation name" in duplicate  # create_reservation updates instead
 
@@ -220,16 +224,16 @@ def check_ended(rec: Recording, found: dict[str, commands.JobStatus]) -> None:
 
 def test_sacct_gives_how_forgotten_jobs_ended(recorded: Recording) -> None:
     ended = [recorded.jobs[k] for k in ("completed", "failed", "cancelled")]
-    check_ended(recorded, queries.ended_jobs(ended))
-    check_ended(recorded, accounting.ended_jobs(ended))
+    check_ended(recorded, queries.ended_jobs(LOCAL, ended))
+    check_ended(recorded, accounting.ended_jobs(LOCAL, ended))
     if has_json(SlurmFeature.SACCT_JSON):
-        check_ended(recorded, queries.ended_jobs_json(ended))
+        check_ended(recorded, queries.ended_jobs_json(LOCAL, ended))
 
 
 def test_the_topology_gives_each_node_its_group(recorded: Recording) -> None:
     topology = parse_topology(recorded.text("scontrol_show_topology.txt"))
-    assert commands.show_topology() == topology
-    nodes = {n.name for n in queries.show_nodes()}
+    assert commands.show_topology(LOCAL) == topology
+    nodes = {n.name for n in queries.show_nodes(LOCAL)}
     assert set(topology.group_of) == nodes
     plugin = doctor.show_config(SiteSettings.load(None))["TopologyPlugin"]
     assert plugin == f"topology/{topology.kind.value}"

@@ -11,6 +11,10 @@ from service.slurm import commands
 from service.slurm.commands import RESERVATION_BUSY, SlurmError, SlurmUnreachable
 from service.slurm.fake import FakeSlurm
 from service.slurm.reservations import run_of_reservation, run_reservation, spare_reservation
+from service.slurm.target import SlurmTarget
+
+# The Slurm the environment reaches, as the commands' tests have always run them.
+LOCAL = SlurmTarget("")
 
 # What scontrol prints on stderr (slurm_perror after "delete_reservation <arg>"), Slurm 22.05.
 IN_USE = "delete_reservation reservation=runyard-run7: Requested reservation is in use\n"
@@ -28,7 +32,7 @@ class Scontrol:
     def says(self, stderr: str) -> None:
         self.returncode, self.stderr = 1, stderr
 
-    def run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    def run(self, target: SlurmTarget, argv: list[str]) -> subprocess.CompletedProcess[str]:
         self.calls.append(argv)
         return subprocess.CompletedProcess(argv, self.returncode, stdout="", stderr=self.stderr)
 
@@ -43,17 +47,17 @@ def scontrol(monkeypatch: pytest.MonkeyPatch) -> Scontrol:
 def test_a_refused_delete_raises_and_one_already_gone_counts_as_deleted(
     scontrol: Scontrol,
 ) -> None:
-    commands.delete_reservation("runyard-run7")
+    commands.delete_reservation(LOCAL, "runyard-run7")
     assert scontrol.calls == [["scontrol", "delete", "reservation=runyard-run7"]]
     scontrol.says(IN_USE)
     with pytest.raises(SlurmError, match=RESERVATION_BUSY) as refused:
-        commands.delete_reservation("runyard-run7")
+        commands.delete_reservation(LOCAL, "runyard-run7")
     assert type(refused.value) is SlurmError  # a refusal, not an outage
     scontrol.says(NO_ANSWER)
     with pytest.raises(SlurmUnreachable):
-        commands.delete_reservation("runyard-run7")
+        commands.delete_reservation(LOCAL, "runyard-run7")
     scontrol.says(GONE)
-    commands.delete_reservation("runyard-run7")  # no error: what the delete wanted
+    commands.delete_reservation(LOCAL, "runyard-run7")  # no error: what the delete wanted
 
 
 def test_only_the_not_found_wording_reads_as_gone() -> None:

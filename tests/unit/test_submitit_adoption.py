@@ -19,6 +19,7 @@ import pytest
 from submitit.core.utils import DelayedSubmission, JobPaths
 from submitit.helpers import CommandFunction
 
+from service.clusters.registry import default_cluster
 from service.config import Settings
 from service.identity.gate import OwnerGate
 from service.slurm.cli import CliSlurmClient
@@ -125,5 +126,7 @@ def test_the_real_slurm_client_finishes_an_adopted_submission(tmp_path: Path) ->
     settings = Settings(state_dir=tmp_path, accelerator="cpu", run_reconciler=False)
     # As the owner: here the caller itself, so the owner's program runs without sudo.
     owner = RunOwner(unix_user=getpass.getuser(), slurm_account="ops")
-    CliSlurmClient(settings, OwnerGate(settings)).finish_submission(owner, tmp_path, {21: "1800"})
+    cluster = default_cluster(settings)
+    client = CliSlurmClient(settings, OwnerGate(settings, cluster), cluster)
+    client.finish_submission(owner, tmp_path, {21: "1800"})
     assert os.path.samefile(submitted(tmp_path, "1800"), temporary)

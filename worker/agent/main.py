@@ -79,8 +79,14 @@ class Agent:
         # The node's token goes to the service over HTTPS verified against RUNYARD_CA (or
         # the system's store), or over plain HTTP to loopback only (runyard_client.tls).
         check_token_transport(args.service_url)
+        # Its cluster on every request (`?cluster=`): node names repeat across clusters. None:
+        # the service's default cluster, all a site of one cluster ever needs.
         self.client = httpx.Client(
-            base_url=args.service_url, timeout=5.0, headers=headers(), verify=client_context()
+            base_url=args.service_url,
+            timeout=5.0,
+            headers=headers(),
+            verify=client_context(),
+            params={"cluster": args.cluster} if args.cluster else None,
         )
 
     def _open_kmsg(self) -> int | None:
@@ -142,6 +148,12 @@ class Agent:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="runyard agent", description="runyard node health agent")
     parser.add_argument("--node", required=True, help="Slurm node name this agent watches")
+    parser.add_argument(
+        "--cluster",
+        default=os.environ.get("RUNYARD_AGENT_CLUSTER") or None,
+        help="Slurm ClusterName of its node (default: $RUNYARD_AGENT_CLUSTER, else the "
+        "service's default cluster)",
+    )
     parser.add_argument(
         "--service-url", default=os.environ.get("RUNYARD_URL", "http://127.0.0.1:8000")
     )

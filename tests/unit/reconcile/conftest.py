@@ -119,7 +119,7 @@ class Cluster:
 
     def node(self, name: str) -> Node:
         with session_scope() as session:
-            node = session.get(Node, name)
+            node = session.get(Node, (self.slurm.cluster_name, name))
             assert node is not None
             return node
 
@@ -168,13 +168,15 @@ class Cluster:
 
     def set_spares(self, size: int) -> None:
         with session_scope() as session:
-            spares.set_target(session, size)
+            spares.set_target(session, self.slurm.cluster_name, size)
 
     def xid(self, node: str, code: int = 79) -> None:
         """The node's health agent reports an Xid, as POST /v1/nodes/{node}/events does."""
         event = SignalIn(f"{node}-xid-{code}", "xid", code, XID_79, None, {})
         with session_scope() as session:
-            ingest_node_events(session, node, [event], self.settings, Classifier())
+            ingest_node_events(
+                session, self.slurm.cluster_name, node, [event], self.settings, Classifier()
+            )
 
     def train(self, run_id: int, step: int, *, committed: bool = True) -> None:
         """Rank 0 reports progress up to `step` and a checkpoint there."""

@@ -236,7 +236,7 @@ def test_a_group_that_lost_every_node_takes_spares_only_if_the_reserve_stays(
         assert replacement is None  # both spares would empty the pool: the group waits
         assert all(i.state == IncidentState.WAITING for n in lost for i in cluster.incidents(n))
         with session_scope() as session:
-            assert len(spares.spare_nodes(session)) == 2
+            assert len(spares.spare_nodes(session, "default")) == 2
     else:
         assert replacement is not None and not set(replacement.nodes) & set(lost)
         assert len(replacement.nodes) == 2 and replacement.resume_step is None

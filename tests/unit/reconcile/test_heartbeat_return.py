@@ -44,7 +44,7 @@ def returned_after(node: str) -> list[float]:
 def beat(cluster: Cluster, node: str) -> None:
     """The node's agent heartbeats now, as POST /v1/nodes/{node}/heartbeat records it."""
     with session_scope() as session:
-        nodes.touch_heartbeats(session, [node], cluster.settings)
+        nodes.touch_heartbeats(session, "default", [node], cluster.settings)
 
 
 def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -> None:
@@ -63,7 +63,7 @@ def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -
             .where(Incident.node_name == node)
             .values({s: getattr(Incident, s) - shift for s in stamps})
         )
-        row = nodes.require_node(session, node, for_update=True)
+        row = nodes.require_node(session, "default", node, for_update=True)
         assert row.last_heartbeat_at is not None
         row.last_heartbeat_at -= shift
         if row.heartbeats_since is not None:
@@ -75,7 +75,7 @@ def time_passes(cluster: Cluster, node: str, seconds: float, *, beating: bool) -
     at = last + period
     with session_scope() as session:
         while at < now:
-            nodes.touch_heartbeats(session, [node], cluster.settings, now=at)
+            nodes.touch_heartbeats(session, "default", [node], cluster.settings, now=at)
             at += period
     beat(cluster, node)
 
@@ -154,7 +154,7 @@ def xid_while_drained(cluster: Cluster, node: str) -> None:
 
 def admin_drain(cluster: Cluster, node: str) -> None:
     with session_scope() as session:
-        admin.request_drain(session, node, "flapping, RMA")
+        admin.request_drain(session, "default", node, "flapping, RMA")
 
 
 def slurm_drain_by_someone_else(cluster: Cluster, node: str) -> None:

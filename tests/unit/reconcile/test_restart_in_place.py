@@ -66,7 +66,7 @@ def test_a_node_signal_delivered_after_the_run_moved_on_restarts_nothing(
     node = cluster.run(run_id).nodes[0]
     late = SignalIn(f"{node}-xid-94-late", "xid", 94, "Xid 94: contained ECC", seen_at, {})
     with session_scope() as session:
-        ingest_node_events(session, node, [late], cluster.settings, Classifier())
+        ingest_node_events(session, "default", node, [late], cluster.settings, Classifier())
     cluster.tick()
     assert cluster.attempts(run_id)[-1].id == second.id
     assert cluster.attempts(run_id)[-1].state == AttemptState.RUNNING
@@ -89,7 +89,7 @@ def test_an_xid_94_restarts_the_run_on_its_own_nodes(cluster: Cluster) -> None:
     job, nodes = cluster.live_job(run_id), cluster.run(run_id).nodes
     event = SignalIn(f"{nodes[0]}-xid-94", "xid", 94, "Xid 94: contained ECC", utcnow(), {})
     with session_scope() as session:
-        ingest_node_events(session, nodes[0], [event], cluster.settings, Classifier())
+        ingest_node_events(session, "default", nodes[0], [event], cluster.settings, Classifier())
     cluster.tick()
     restarted, retry = cluster.attempts(run_id)
     assert restarted.stop_reason == StopReason.RECOVERY_RESTART
