@@ -26,6 +26,7 @@ from runyard_client.tls import client_context
 
 from client.api import ApiError, RunyardClient
 from client.devcluster.cluster import DevCluster
+from client.devcluster.render import CLUSTER_NAME  # the ClusterName the node metrics carry
 from tests.conftest import REPO_ROOT, wait_for
 from tests.fixtures.chromium import loaded_images, screenshot
 from tests.fixtures.terminal import Screen, Terminal
@@ -253,7 +254,7 @@ def test_metrics_show_the_recovery_while_it_happens(observed: Observed) -> None:
         assert recovery_count(during, phase) == recovery_count(before, phase) + 1, phase
     xid = (
         "runyard_node_events_total",
-        (("action", "DRAIN_AND_MOVE"), ("code", "79"), ("kind", "xid")),
+        (("action", "DRAIN_AND_MOVE"), ("cluster", CLUSTER_NAME), ("code", "79"), ("kind", "xid")),
     )
     assert during[xid] == before.get(xid, 0.0) + 1
     assert during[("runyard_runs", (("state", "RUNNING"),))] >= 1
@@ -261,7 +262,7 @@ def test_metrics_show_the_recovery_while_it_happens(observed: Observed) -> None:
     assert during[("runyard_running_mfu_ratio", ())] > 0
     assert ("runyard_runs_below_goodput_budget", ()) in during
     assert not any(dict(labels).keys() & {"run_id", "run_name"} for _, labels in during)
-    assert during[("runyard_nodes", (("state", "DRAINED"),))] >= 1
+    assert during[("runyard_nodes", (("cluster", CLUSTER_NAME), ("state", "DRAINED")))] >= 1
     assert during[("runyard_database_up", ())] == 1
 
 

@@ -62,4 +62,5 @@ def test_a_slowed_rank_flags_its_node_and_the_run_moves_to_a_spare(
         timeout=10,
         verify=client_context(),
     ).text
-    assert f'runyard_node_slow{{node="{slow}"}} 1.0' in metrics
+    cluster = slurm_cluster.cluster_name  # a node is named within its cluster
+    assert f'runyard_node_slow{{cluster="{cluster}",node="{slow}"}} 1.0' in metrics
