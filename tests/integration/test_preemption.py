@@ -43,7 +43,7 @@ def test_prod_run_preempts_a_scavenger_run(
     # it stops is the yield's own, taken at the step it stopped (without it, the steps
     # trained since the last commit would be lost; a stop seen on a cadence step would not
     # tell the two apart).
-    spec = tiny_spec("scavenger", steps=150, priority="scavenger", checkpoint_every=150)
+    spec = tiny_spec("scavenger", steps=240, priority="scavenger", checkpoint_every=240)
 
     # Other work holds every node but two: the scavenger run takes all the free ones; it
     # runs first, and only then is the scavenger placed on what is left.
@@ -51,7 +51,7 @@ def test_prod_run_preempts_a_scavenger_run(
         scavenger = client.submit_run(spec)["id"]
         wait_for(
             "the scavenger training",
-            lambda: (client.get_run(scavenger)["last_step"] or 0) >= 30,
+            lambda: (client.get_run(scavenger)["last_step"] or 0) >= 45,
             timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
         assert not client.run_checkpoints(scavenger), "no checkpoint before the yield"

@@ -109,6 +109,7 @@ def test_validation_loss_every_eval_every_steps(tmp_path: Path, prepared: Path) 
     assert len(_rows(metrics, "metric")) == 30, "evaluation leaves the training metrics alone"
 
 
+@pytest.mark.heavy  # ranks as processes under two layouts: 12 s, make test-all
 def test_validation_loss_is_the_same_under_pipeline_and_data_parallel(
     tmp_path: Path, prepared: Path
 ) -> None:

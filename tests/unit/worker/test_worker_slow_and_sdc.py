@@ -66,6 +66,7 @@ def test_the_majority_names_the_odd_replica_and_two_replicas_name_both() -> None
     assert odd_ones([7, 9], [0, 0]) == ([0, 1], True)  # no majority: both named
 
 
+@pytest.mark.heavy  # three ranks as processes: 11 s, make test-all
 @pytest.mark.timeout(300)
 def test_three_ranks_see_the_slow_rank_and_the_flipped_replica(
     tmp_path: Path, data_cache_dir: Path
