@@ -25,7 +25,15 @@ from client.devcluster import accounting, identity, pg_instance, port_claim, pos
 from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.port_claim import SERVICE_APP
-from client.devcluster.processes import ProcessTable, Started, environ_of, is_alive, spawn, stop
+from client.devcluster.processes import (
+    ProcessTable,
+    Started,
+    environ_of,
+    is_alive,
+    spawn,
+    stop,
+    stop_together,
+)
 from client.devcluster.render import (
     CLUSTER_NAME,
     CONTROLLER_PORT,
@@ -758,7 +766,7 @@ def stop_control_plane(cluster: DevCluster) -> bool:
     names = [n for n in table if n.startswith(("service", "proxy", "agent:"))]
     if any(n.startswith(("service:", "proxy")) for n in names):
         return False
-    stopped = [name for name in sorted(names) if stop(table[name])]
+    stopped = stop_together([table[name] for name in sorted(names)])
     for name in names:
         del table[name]
     cluster.table.save(table)

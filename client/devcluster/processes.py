@@ -167,12 +167,32 @@ def stop(proc: Started, timeout_s: float = 10.0) -> bool:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    _wait_or_kill(proc, timeout_s)
+    return True
+
+
+def stop_together(procs: list[Started], timeout_s: float = 10.0) -> list[Started]:
+    """stop() for several processes at once: SIGTERM every group first, then wait for each
+    (the dev cluster's service and eight agents each take a moment to say goodbye: one at a
+    time they added up to seconds at every test session's start). Returns the ones that ran."""
+    signalled = []
+    for proc in procs:
+        if is_alive(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+                signalled.append(proc)
+    for proc in signalled:
+        _wait_or_kill(proc, timeout_s)
+    return signalled
+
+
+def _wait_or_kill(proc: Started, timeout_s: float) -> None:
+    """Wait for a signalled process group to end; SIGKILL it after `timeout_s`."""
     if _wait_until(lambda: not is_alive(proc) and not _group_alive(proc.pid), timeout_s):
-        return True
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     _wait_until(lambda: not _group_alive(proc.pid), 5)
-    return True
 
 
 def terminate(pid: int, timeout_s: float = 10.0) -> None:

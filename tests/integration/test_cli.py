@@ -27,7 +27,8 @@ def cli(service: ServiceProcess, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-@pytest.mark.whole_path
+# make test-all's: make test's CLI path is test_login's (`runyard login`, `token list`,
+# `run submit` and `run list` as alice) and the Trainer's (`run watch` to the end).
 def test_submit_list_show_and_nodes(
     service: ServiceProcess, tmp_path: Path, slurm_cluster: DevCluster
 ) -> None:

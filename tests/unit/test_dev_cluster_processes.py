@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from client.devcluster.processes import (
     session_of,
     spawn,
     stop,
+    stop_together,
     terminate,
     uid_of,
 )
@@ -128,6 +130,34 @@ def test_terminate_kills_what_ignores_sigterm_after_its_wait(start: Spawner) -> 
     listening(port)
     terminate(proc.pid, timeout_s=0.5)
     assert not running(proc.pid) and not listening_sockets(port)
+
+
+# Says goodbye for a second on SIGTERM, as an agent tells its service it leaves.
+SLOW_GOODBYE = """
+import signal, sys, time
+def leave(*_):
+    time.sleep(1.0)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_several_are_stopped_together_not_one_after_another(start: Spawner, tmp_path: Path) -> None:
+    procs = [start([sys.executable, "-c", SLOW_GOODBYE]) for _ in range(3)]
+    gone = start(["true"])
+    wait_for("the three ready", lambda: all(
+        (tmp_path / f"{i}.out").exists() and "ready" in (tmp_path / f"{i}.out").read_text()
+        for i in range(3)
+    ), timeout_s=30)  # fmt: skip
+    wait_for("`true` to end", lambda: not running(gone.pid))
+    began = time.monotonic()
+    assert stop_together([*procs, gone]) == procs  # the ended one was not running
+    took = time.monotonic() - began
+    assert not any(running(p.pid) for p in procs)
+    assert took < 2.5, f"{took:.1f} s: one goodbye after another takes 3 s"
 
 
 def test_a_free_port_is_claimed_for_a_new_service(tmp_path: Path) -> None:

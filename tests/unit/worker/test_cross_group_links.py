@@ -66,6 +66,7 @@ def _failure_seconds(drop: bool) -> dict[int, float]:
             p.join()
 
 
+@pytest.mark.heavy  # three groups' ranks as processes, timed in seconds: make test-all
 @pytest.mark.timeout(180)
 def test_every_survivor_learns_of_a_dead_group_within_seconds_when_links_are_dropped() -> None:
     seconds = _failure_seconds(drop=True)
