@@ -39,6 +39,7 @@ os.environ.setdefault("RUNYARD_SLURM_CONF", str(DevCluster(default_state_dir()).
 
 from service.slurm.commands import run_slurm  # noqa: E402
 from service.slurm.hostlist import compress_hostlist, expand_hostlist  # noqa: E402
+from service.slurm.target import SlurmTarget  # noqa: E402
 
 TARGET_SPEEDUP = 100.0
 SCONTROL_RECORDED = {  # `scontrol show hostnames` on each, recorded
@@ -73,7 +74,7 @@ def random_hostlist(rng: random.Random) -> str:
 
 
 def scontrol_hostnames(hostlist: str) -> list[str]:
-    return run_slurm(["scontrol", "show", "hostnames", hostlist]).split()
+    return run_slurm(SlurmTarget(""), ["scontrol", "show", "hostnames", hostlist]).split()
 
 
 def recorded_hostnames(hostlist: str) -> list[str]:

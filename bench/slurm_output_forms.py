@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contract.slurm_features import SlurmFeature, SlurmVersion
 from service.slurm import accounting, commands, queries, version
 from service.slurm.commands import run_slurm, slurm_env
+from service.slurm.target import SlurmTarget
 
+HERE = SlurmTarget("")  # the Slurm of this environment's SLURM_CONF, as the reconciler's own
 TOLERANCE = 0.10
 Forms = dict[str, tuple[Callable[[], object], Callable[[], object], SlurmFeature]]
 # --smoke's (text ms, JSON ms) for each query, made up.
@@ -57,28 +59,28 @@ def forms_of(ids: list[str]) -> Forms:
     """Each query: its text form, its JSON form, and the feature that picks JSON."""
     return {
         "squeue -j (50 ids)": (
-            lambda: commands.squeue(ids),
-            lambda: queries.squeue_json(ids),
+            lambda: commands.squeue(HERE, ids),
+            lambda: queries.squeue_json(HERE, ids),
             SlurmFeature.SQUEUE_JSON,
         ),
         "scontrol show job (all)": (
-            lambda: commands.show_jobs(ids),
-            lambda: queries.show_jobs_json(ids),
+            lambda: commands.show_jobs(HERE, ids),
+            lambda: queries.show_jobs_json(HERE, ids),
             SlurmFeature.SCONTROL_JSON,
         ),
         "scontrol show node": (
-            commands.show_nodes,
-            queries.show_nodes_json,
+            lambda: commands.show_nodes(HERE),
+            lambda: queries.show_nodes_json(HERE),
             SlurmFeature.SCONTROL_JSON,
         ),
         "scontrol show reservation": (
-            commands.show_reservations,
-            queries.show_reservations_json,
+            lambda: commands.show_reservations(HERE),
+            lambda: queries.show_reservations_json(HERE),
             SlurmFeature.SCONTROL_JSON,
         ),
         "sacct -j (50 ids)": (
-            lambda: accounting.ended_jobs(ids),
-            lambda: queries.ended_jobs_json(ids),
+            lambda: accounting.ended_jobs(HERE, ids),
+            lambda: queries.ended_jobs_json(HERE, ids),
             SlurmFeature.SACCT_JSON,
         ),
     }
@@ -131,7 +133,7 @@ def main() -> None:
     release = version.current(slurm_env())
     held = []
     for _ in range(args.jobs):
-        out = run_slurm(["sbatch", "--parsable", "-H", "-o", "/dev/null", "--wrap", "true"])
+        out = run_slurm(HERE, ["sbatch", "--parsable", "-H", "-o", "/dev/null", "--wrap", "true"])
         held.append(out.strip().split(";")[0])
     try:
         figures: dict[str, dict[str, Any]] = {}

@@ -280,6 +280,7 @@ def test_sacct_knows_how_a_job_ended_and_the_service_reads_it(
         pytest.skip("the dev cluster has no accounting (slurmdbd not installed)")
     monkeypatch.setenv("SLURM_CONF", conf)
     from service.slurm.accounting import ended_jobs
+    from service.slurm.target import SlurmTarget
 
     name = f"{TEST_DATABASE}-sacct"
     # Output to /dev/null: a batch job writes slurm-<id>.out into the submitter's folder.
@@ -290,7 +291,9 @@ def test_sacct_knows_how_a_job_ended_and_the_service_reads_it(
         text=True,
         check=True,
     ).stdout.strip()
-    ended = wait_for(f"sacct to record job {job}'s end", lambda: ended_jobs([job]).get(job))
+    ended = wait_for(
+        f"sacct to record job {job}'s end", lambda: ended_jobs(SlurmTarget(""), [job]).get(job)
+    )
     assert (ended.state, ended.exit_code) == ("FAILED", 3)
 
     # By name: a dev cluster rebuilt from scratch starts its job ids again, and sacct -j

@@ -23,6 +23,7 @@ import pytest
 from client.api import ApiError, RunyardClient
 from client.devcluster.faults import rank_pids
 from client.devcluster.identity import SERVICE_USER
+from service.clusters.registry import default_cluster
 from service.config import Settings
 from service.identity.gate import OwnerGate
 from service.reconcile.submission import check_submitted
@@ -245,7 +246,8 @@ def test_an_answer_naming_bobs_job_is_refused_and_alices_scancel_leaves_it(
     bobs = sbatch_as("bob", "bobs-own", conf)
     try:
         settings = Settings(accelerator="cpu", run_reconciler=False)
-        slurm_client = CliSlurmClient(settings, OwnerGate(settings))
+        cluster = default_cluster(settings)  # the dev cluster, reached through SLURM_CONF
+        slurm_client = CliSlurmClient(settings, OwnerGate(settings, cluster), cluster)
         forged = mock.patch.object(slurm_client.owner_gate, "submit", return_value=bobs)
         with forged, pytest.raises(OwnerAccessError, match=f"job {bobs}, which runs as bob"):
             answer = slurm_client.submit(AttemptRequest(

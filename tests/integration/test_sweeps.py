@@ -239,6 +239,7 @@ def test_an_array_submitted_before_a_crash_is_found_again_by_its_name(
 ) -> None:
     """What submit_sweeps relies on to never submit a sweep twice."""
     from service.slurm import commands
+    from service.slurm.target import SlurmTarget
 
     conf = str(slurm_cluster.slurm_conf)
     name = f"runyard-adopt-probe-{os.getpid()}"
@@ -258,7 +259,8 @@ def test_an_array_submitted_before_a_crash_is_found_again_by_its_name(
     ).strip()
     try:
         monkeypatch.setenv("SLURM_CONF", conf)
-        assert commands.array_job_by_name(name) == array
-        assert commands.array_job_by_name(name + "-other") is None
+        here = SlurmTarget("")  # the Slurm of SLURM_CONF, as the service's own cluster
+        assert commands.array_job_by_name(here, name) == array
+        assert commands.array_job_by_name(here, name + "-other") is None
     finally:
         slurm("scancel", array, conf=conf)
