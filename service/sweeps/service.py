@@ -53,8 +53,10 @@ def create_sweep(
             owner_root(settings.jobs_dir, sweep)
             / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
         )
-        runs = []
+        runs: list[Run] = []
         for index, (point, member) in enumerate(members):
+            if runs:  # one array, one cluster: the first member's choice holds for all
+                member = member.model_copy(update={"cluster": runs[0].cluster})
             try:
                 run = create_run(session, member, settings, principal, quota=False)
             except InvalidSpec as exc:
