@@ -82,4 +82,8 @@ def reachability(session: Session) -> dict[str, Reachability]:
             ClusterSetting.key.like(f"{REACHABILITY_KEY}:%")
         )
     ).all()
-    return {(cluster := key.partition(":")[2]): read_row(cluster, value) for key, value in rows}
+    found: dict[str, Reachability] = {}
+    for key, value in rows:
+        cluster = key.partition(":")[2]
+        found[cluster] = read_row(cluster, value)
+    return found

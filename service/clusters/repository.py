@@ -71,24 +71,29 @@ class PlacementCounts:
 
 
 def placement_counts(session: Session) -> dict[str, PlacementCounts]:
-    """Per cluster, in two queries: its nodes, spares, free nodes (healthy, `IDLE` exactly,
-    and in no active run's nodes: a run holds its nodes between attempts), its largest
-    node's GPUs, and what its queued runs still lack."""
-    held = exists().where(
-        Run.cluster == Node.cluster,
-        Run.state.in_(ACTIVE_RUN_STATES),
-        Node.name == any_(Run.nodes),
-    )
-    free = (Node.state == NodeState.HEALTHY) & (Node.slurm_state == "IDLE") & ~held
+    """Per cluster, in three queries: its nodes, spares, free nodes (healthy, `IDLE`
+    exactly, and in no active run's nodes: a run holds its nodes between attempts), its
+    largest node's GPUs, and what its queued runs still lack."""
     nodes = session.execute(
         select(
             Node.cluster,
             func.count(),
             func.count().filter(Node.state == NodeState.SPARE),
-            func.count().filter(free),
             func.coalesce(func.max(Node.num_gpus), 0),
         ).group_by(Node.cluster)
     ).all()
+    held = exists().where(
+        Run.cluster == Node.cluster,
+        Run.state.in_(ACTIVE_RUN_STATES),
+        Node.name == any_(Run.nodes),
+    )
+    free = dict(
+        session.execute(
+            select(Node.cluster, func.count())
+            .where(Node.state == NodeState.HEALTHY, Node.slurm_state == "IDLE", ~held)
+            .group_by(Node.cluster)
+        ).all()
+    )
     queued = dict(
         session.execute(
             select(Run.cluster, func.sum(Run.num_nodes - func.cardinality(Run.nodes)))
@@ -98,7 +103,11 @@ def placement_counts(session: Session) -> dict[str, PlacementCounts]:
     )
     return {
         cluster: PlacementCounts(
-            int(num), int(spares), int(num_free), int(gpus), int(queued.get(cluster) or 0)
+            num_nodes=int(num),
+            num_spares=int(spares),
+            num_free=int(free.get(cluster) or 0),
+            gpus_per_node=int(gpus),
+            queued_need=int(queued.get(cluster) or 0),
         )
-        for cluster, num, spares, num_free, gpus in nodes
+        for cluster, num, spares, gpus in nodes
     }

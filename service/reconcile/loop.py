@@ -125,7 +125,8 @@ class Reconciler:
     def read_clusters(self) -> list[tuple[ClusterDriver, ClusterSnapshot]]:
         """Each cluster's snapshot, those that answered, in the configured order; each
         cluster's reachability recorded where it changed. NoClusterAnswered when none did."""
-        read, failures = [], []
+        read: list[tuple[ClusterDriver, ClusterSnapshot]] = []
+        failures: list[Exception] = []
         for driver in self.drivers:
             try:
                 snapshot = take_snapshot(driver.slurm)

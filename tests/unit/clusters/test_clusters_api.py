@@ -159,7 +159,8 @@ def test_the_dry_run_shows_each_clusters_plan_and_why_the_chosen_one_won(
     # The other cluster has the free nodes, the default none: the run can start there now.
     for name in ("zz001", "zz002"):
         add_node(db_session, OTHER, name, NodeState.HEALTHY, slurm_state="IDLE")
-    add_node(db_session, DEFAULT_FAKE_CLUSTER, "zz009", NodeState.HEALTHY, slurm_state="MIXED")
+    for name in ("zz008", "zz009"):  # big enough, but busy
+        add_node(db_session, DEFAULT_FAKE_CLUSTER, name, NodeState.HEALTHY, slurm_state="MIXED")
     decided = api.post("/v1/runs/dry-run", json=good_spec(name="where", nodes=2))
     assert decided.status_code == 200, decided.text
     body = decided.json()
@@ -168,8 +169,9 @@ def test_the_dry_run_shows_each_clusters_plan_and_why_the_chosen_one_won(
     rows = {row["name"]: row for row in body["clusters"]}
     assert rows[OTHER]["starts_now"] and rows[OTHER]["free_nodes"] == 2
     assert rows[OTHER]["step_time_s"] > 0 and rows[OTHER]["time_per_step_s"] > 0
-    if not rows[DEFAULT_FAKE_CLUSTER]["starts_now"]:
-        assert body["cluster"] == OTHER and "can start now" in body["cluster_why"]
+    assert not rows[DEFAULT_FAKE_CLUSTER]["starts_now"]
+    assert body["cluster"] == OTHER and rows[OTHER]["chosen"]
+    assert "can start now" in body["cluster_why"]
 
 
 def test_runs_are_listed_by_cluster(api: Any, db_session: Session) -> None:
