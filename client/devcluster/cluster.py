@@ -803,6 +803,11 @@ def stop_control_plane(cluster: DevCluster) -> bool:
     for name in names:
         del table[name]
     cluster.table.save(table)
+    for member in cluster.members_started():  # `--clusters`: its agents report here too
+        member_table = member.table.load()
+        agents = [n for n in member_table if n.startswith("agent:")]
+        stopped += [name for name in sorted(agents) if stop(member_table.pop(name))]
+        member.table.save(member_table)
     return bool(stopped)
 
 
