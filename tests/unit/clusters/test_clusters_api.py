@@ -157,7 +157,8 @@ def test_the_dry_run_shows_each_clusters_plan_and_why_the_chosen_one_won(
     api: Any, db_session: Session
 ) -> None:
     # The other cluster has the free nodes, the default none: the run can start there now.
-    for name in ("zz001", "zz002"):
+    # Three free: one goes to its spare pool first (its target is 1, it holds none).
+    for name in ("zz001", "zz002", "zz003"):
         add_node(db_session, OTHER, name, NodeState.HEALTHY, slurm_state="IDLE")
     for name in ("zz008", "zz009"):  # big enough, but busy
         add_node(db_session, DEFAULT_FAKE_CLUSTER, name, NodeState.HEALTHY, slurm_state="MIXED")
