@@ -170,8 +170,9 @@ def unfit_for(facts: ClusterFacts, spec: RunSpec) -> tuple[Unfit | None, str]:
         return Unfit.TOO_FEW_NODES, (
             f"it has {counts.num_nodes} nodes, the spec asks for {spec.nodes}"
         )
-    gpu = facts.settings.accelerator == "gpu"  # a CPU node's ranks are not its GPUs
-    if gpu and counts.num_nodes and counts.gpus_per_node < spec.gpus_per_node:
+    # A CPU node's ranks are not its GPUs; 0 GPUs is a Slurm without GPU gres: unknown.
+    gpu = facts.settings.accelerator == "gpu" and counts.gpus_per_node > 0
+    if gpu and counts.gpus_per_node < spec.gpus_per_node:
         return Unfit.TOO_FEW_NODES, (
             f"its nodes have {counts.gpus_per_node} GPUs, the spec asks for "
             f"gpus_per_node {spec.gpus_per_node}"

@@ -46,6 +46,13 @@ def add_node(session: Session, cluster: str, name: str, state: NodeState, **fiel
     session.flush()
 
 
+def busy_default_nodes(session: Session) -> None:
+    """Two busy nodes on the default cluster: big enough for good_spec's two nodes, none
+    free (the shared test database may hold a node of it that another test left)."""
+    for name in ("zz008", "zz009"):
+        add_node(session, DEFAULT_FAKE_CLUSTER, name, NodeState.HEALTHY, slurm_state="MIXED")
+
+
 @pytest.mark.usefixtures("two_clusters")
 def test_the_cluster_list_counts_each_clusters_nodes(api: Any, db_session: Session) -> None:
     # The same name on both clusters: a node is (cluster, name).
@@ -90,6 +97,7 @@ def test_an_unknown_cluster_is_refused_naming_the_known_ones(api: Any) -> None:
 
 @pytest.mark.usefixtures("two_clusters")
 def test_a_spec_pinned_to_either_cluster_runs_there(api: Any, db_session: Session) -> None:
+    busy_default_nodes(db_session)
     for name in ("zz001", "zz002"):
         add_node(db_session, OTHER, name, NodeState.HEALTHY, slurm_state="IDLE")
     for cluster in (DEFAULT_FAKE_CLUSTER, OTHER):
@@ -112,8 +120,9 @@ def test_a_pinned_cluster_too_small_for_the_spec_is_refused_naming_it(
 
 @pytest.mark.usefixtures("two_clusters")
 def test_a_pinned_cluster_without_a_layout_for_the_spec_is_refused_with_the_planners_why(
-    api: Any, monkeypatch: pytest.MonkeyPatch
+    api: Any, db_session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    busy_default_nodes(db_session)
     configs = (
         ClusterConfig(name=DEFAULT_FAKE_CLUSTER, reach=ClusterReach.LOCAL),
         ClusterConfig(name=OTHER, hardware="a100-80gb"),  # no FP8 tensor cores
@@ -138,6 +147,7 @@ def test_a_pinned_cluster_without_a_layout_for_the_spec_is_refused_with_the_plan
 def test_a_pinned_cluster_that_does_not_answer_is_refused_and_an_unpinned_run_avoids_it(
     api: Any, db_session: Session
 ) -> None:
+    busy_default_nodes(db_session)
     with db_session.begin_nested():
         since = reachability.record_unreachable(
             db_session, OTHER, utcnow() - timedelta(minutes=3), "slurmctld not responding"
@@ -160,8 +170,7 @@ def test_the_dry_run_shows_each_clusters_plan_and_why_the_chosen_one_won(
     # Three free: one goes to its spare pool first (its target is 1, it holds none).
     for name in ("zz001", "zz002", "zz003"):
         add_node(db_session, OTHER, name, NodeState.HEALTHY, slurm_state="IDLE")
-    for name in ("zz008", "zz009"):  # big enough, but busy
-        add_node(db_session, DEFAULT_FAKE_CLUSTER, name, NodeState.HEALTHY, slurm_state="MIXED")
+    busy_default_nodes(db_session)
     decided = api.post("/v1/runs/dry-run", json=good_spec(name="where", nodes=2))
     assert decided.status_code == 200, decided.text
     body = decided.json()
