@@ -35,12 +35,16 @@ SLURM_PREFIX_OPTION = typer.Option(
 
 
 def _cluster(
-    slurm: Path | None, *, port: int | None = None, replicas: int = 1
+    slurm: Path | None, *, port: int | None = None, replicas: int = 1, num_clusters: int = 1
 ) -> cluster.DevCluster:
-    """The dev cluster on Debian's Slurm, or on the one built into `slurm`."""
+    """The dev cluster on Debian's Slurm, or on the one built into `slurm`; its service
+    drives `num_clusters` clusters."""
     if slurm is None:
         return cluster.DevCluster(
-            cluster.default_state_dir(), service_port=port or 8000, replicas=replicas
+            cluster.default_state_dir(),
+            service_port=port or 8000,
+            replicas=replicas,
+            num_clusters=num_clusters,
         )
     prefix = slurm.resolve()
     return cluster.DevCluster(
@@ -49,6 +53,7 @@ def _cluster(
         replicas=replicas,
         slurm_prefix=prefix,
         database_url=cluster.prefix_database_url(prefix),
+        num_clusters=num_clusters,
     )
 
 
@@ -71,7 +76,9 @@ def up(
         max=cluster.MAX_CLUSTERS,
         help="Slurm clusters: a second (runyard-dev-b: its own slurmctld and slurmds, "
         "ports 2000 above, state in .runyard/dev-b) registers with the first's slurmdbd, "
-        "so `sbatch -M`, `squeue -M all` and `sacct -M` reach both.",
+        "so `sbatch -M`, `squeue -M all` and `sacct -M` reach both; the service drives "
+        "both (its clusters file, .runyard/dev/clusters.toml) and agents watch both's nodes. "
+        "A service already up keeps its clusters: `runyard dev down` first.",
     ),
     with_: list[str] = typer.Option(
         [],
@@ -81,7 +88,7 @@ def up(
     ),
 ) -> None:
     """Start munged, slurmctld, one slurmd per node, Postgres, the service and the agents."""
-    dev = _cluster(slurm, port=port, replicas=replicas)
+    dev = _cluster(slurm, port=port, replicas=replicas, num_clusters=clusters)
     unknown = [extra for extra in with_ if extra != "mlflow"]
     if unknown:
         fail(f"--with: unknown {', '.join(unknown)}; the only one is mlflow", Exit.USAGE)
@@ -108,6 +115,7 @@ def up(
         )
     hint(f"source {dev.state_dir / 'env.sh'}  (sets SLURM_CONF and RUNYARD_URL for sinfo/squeue)")
     if members:
+        console.print(f"clusters file: {dev.clusters_file}", highlight=False, soft_wrap=True)
         names = ",".join(m.cluster_name for m in [dev, *members])
         hint(f"squeue -M {names}  (or sbatch -M {members[0].cluster_name}: any cluster from here)")
 

@@ -72,6 +72,8 @@ def print_decision(decision: dict[str, Any]) -> None:
         highlight=False,
     )
     console.print(plan_text(decision["plan"]))
+    if decision.get("clusters"):
+        print_cluster_plans(decision)
     if (python := decision.get("environment")) is not None:  # as the run's owner ran it
         console.print(
             f"python: {python['python']} (Python {python['python_version']}, torch "
@@ -79,6 +81,31 @@ def print_decision(decision: dict[str, Any]) -> None:
             highlight=False,
             soft_wrap=True,  # a path is not cut
         )
+
+
+def print_cluster_plans(decision: dict[str, Any]) -> None:
+    """Each cluster's plan for the spec as the placement rule weighed it, and why the chosen
+    one won (service/clusters/choice.py)."""
+    print_table(
+        "clusters",
+        ["CLUSTER", "GPU", "STEP S", "GOODPUT", "W/ SPARES", "SPARES", "FREE", "NOW", "S/STEP", ""],
+        [
+            (
+                row["name"],
+                row["hardware"],
+                f"{row['step_time_s']:.3f}" if row["step_time_s"] else "-",
+                f"{row['goodput']:.1%}" if row["step_time_s"] else "-",
+                f"{row['expected_goodput']:.1%}" if row["step_time_s"] else "-",
+                row["spares"],
+                row["free_nodes"],
+                "yes" if row["starts_now"] else "no",
+                f"{row['time_per_step_s']:.3f}" if row["time_per_step_s"] is not None else "-",
+                "chosen" if row["chosen"] else f"{row['unfit'] or ''} {row['why_unfit']}".strip(),
+            )
+            for row in decision["clusters"]
+        ],
+    )
+    console.print(f"cluster {decision['cluster_why']}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from runyard_client.tls import client_context
 
 from client.dev_state import default_slurm_prefix, default_state_dir
 from client.devcluster import accounting, identity, pg_instance, port_claim, postgres, tls
+from client.devcluster.clusters_file import clusters_toml
 from client.devcluster.errors import DevClusterError
 from client.devcluster.paths import REPO_ROOT
 from client.devcluster.port_claim import SERVICE_APP
@@ -117,6 +118,9 @@ class DevCluster:
     # in a state folder beside the first's, registered with the first's slurmdbd: Slurm's
     # multi-cluster operation, which `sbatch -M`, `squeue -M all` and `sacct -M` use.
     member: int = 1
+    # Of the first: how many clusters its service drives (`dev up --clusters N`). Above
+    # one, the service reads clusters_file, which names each (clusters_file.py).
+    num_clusters: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.member <= MAX_CLUSTERS:
@@ -153,6 +157,11 @@ class DevCluster:
         folder = self.state_dir.with_name(f"{self.state_dir.name}-{member_letter(member)}")
         return replace(self, state_dir=folder, member=member)
 
+    @property
+    def member_numbers(self) -> range:
+        """1 (this first cluster) up to the clusters its service drives."""
+        return range(1, self.num_clusters + 1)
+
     def members_started(self) -> list[DevCluster]:
         """The further clusters `dev up --clusters` started beside this first one (those
         with a process table), for `dev down` and `dev status`."""
@@ -187,6 +196,11 @@ class DevCluster:
     @property
     def slurm_conf(self) -> Path:
         return self.state_dir / "slurm.conf"
+
+    @property
+    def clusters_file(self) -> Path:
+        """The service's RUNYARD_CLUSTERS_FILE, with more than one cluster."""
+        return self.state_dir / "clusters.toml"
 
     @property
     def service_url(self) -> str:
@@ -243,6 +257,7 @@ class DevCluster:
             # (the test suite turns the reconciler off in its own process).
             "RUNYARD_RUN_RECONCILER": "true",
             "RUNYARD_ENVIRONMENT": "dev",  # hands RUNYARD_FAULT* to jobs (benches, demos)
+            **({"RUNYARD_CLUSTERS_FILE": str(self.clusters_file)} if self.num_clusters > 1 else {}),
         }
 
 
@@ -458,6 +473,9 @@ def up(
     # Its own CA and the service's certificate (tls.py): the service's user exists now.
     tls.ensure(cluster.tls.folder, identity.SERVICE_USER)
     if with_service:
+        if cluster.num_clusters > 1:  # read at the service's start: written before it
+            names = [cluster.member_cluster(m).cluster_name for m in cluster.member_numbers]
+            cluster.clusters_file.write_text(clusters_toml(names))
         _start_service(cluster, table, shape, say)
     say(f"dev cluster up: {num_nodes} nodes, state in {cluster.state_dir}")
     return cluster
@@ -646,33 +664,45 @@ def _start_service(
         )
         cluster.table.save(table)
     _wait("the service", _healthy_at(cluster.service_url, cluster.tls.ca_cert), 60)
-    for node in shape.node_names:
-        key = f"agent:{node}"
-        if not (p := table.get(key)) or not is_alive(p):
-            table[key] = spawn(
-                key,
-                [
-                    sys.executable,
-                    "-m",
-                    "worker.agent",
-                    "--node",
-                    node,
-                    "--service-url",
-                    cluster.service_url,
-                    "--kernel-log",
-                    str(cluster.kern_log(node)),
-                    "--state-dir",
-                    str(cluster.state_dir / "nodes" / node),
-                    "--run-logs",
-                    str(cluster.state_dir / "jobs" / "**" / "*.out"),
-                ],
-                log_dir / f"agent-{node}.out",
-                env={
-                    **cluster.service_env(),
-                    "RUNYARD_AGENT_TOKEN": cluster.agent_token_file(node).read_text().strip(),
-                },
-            )
+    start_agents(cluster, cluster, shape.node_names, table)
     cluster.table.save(table)
+
+
+def start_agents(
+    service: DevCluster, on: DevCluster, nodes: list[str], table: dict[str, Started]
+) -> None:
+    """A health agent for each of `on`'s `nodes` not running yet, reporting to `service`'s
+    service (the first cluster's): its kernel log and state in `on`'s folder, and
+    `--cluster` where `on` is a further cluster (node names repeat across clusters)."""
+    elsewhere = ["--cluster", on.cluster_name] if on.member != service.member else []
+    for node in nodes:
+        key = f"agent:{node}"
+        if (p := table.get(key)) and is_alive(p):
+            continue
+        table[key] = spawn(
+            key,
+            [
+                sys.executable,
+                "-m",
+                "worker.agent",
+                "--node",
+                node,
+                *elsewhere,
+                "--service-url",
+                service.service_url,
+                "--kernel-log",
+                str(on.kern_log(node)),
+                "--state-dir",
+                str(on.state_dir / "nodes" / node),
+                "--run-logs",
+                str(service.state_dir / "jobs" / "**" / "*.out"),
+            ],
+            on.state_dir / "log" / f"agent-{node}.out",
+            env={
+                **service.service_env(),
+                "RUNYARD_AGENT_TOKEN": on.agent_token_file(node).read_text().strip(),
+            },
+        )
 
 
 def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
@@ -700,16 +730,27 @@ def _mint_tokens(cluster: DevCluster, shape: ClusterShape) -> None:
         for user in identity.DEV_USERS
         if user.name != identity.ADMIN_UNIX_USER
     ]
-    wanted += [
+    mint_tokens(cluster, [*wanted, *agent_tokens(cluster, shape.node_names)])
+
+
+def agent_tokens(on: DevCluster, nodes: list[str]) -> list[dict[str, object]]:
+    """One agent token per node of `on`, in its folder; a further cluster's agents are
+    named after their cluster too (agent-runyard-dev-b-gpu001)."""
+    whose = "" if on.member == 1 else f"{on.cluster_name}-"
+    return [
         {
-            "user": f"agent-{node}",
+            "user": f"agent-{whose}{node}",
             "team": "ops",
             "role": "agent",
             "node": node,
-            "out": cluster.agent_token_file(node),
+            "out": on.agent_token_file(node),
         }
-        for node in shape.node_names
+        for node in nodes
     ]
+
+
+def mint_tokens(cluster: DevCluster, wanted: list[dict[str, object]]) -> None:
+    """Mint `wanted` into `cluster`'s database with the service's own bootstrap."""
     listing = cluster.state_dir / "tokens-to-mint.json"
     listing.write_text(json.dumps(wanted, default=str))
     subprocess.run(
@@ -770,6 +811,11 @@ def stop_control_plane(cluster: DevCluster) -> bool:
     for name in names:
         del table[name]
     cluster.table.save(table)
+    for member in cluster.members_started():  # `--clusters`: its agents report here too
+        member_table = member.table.load()
+        agents = [n for n in member_table if n.startswith("agent:")]
+        stopped += [name for name in sorted(agents) if stop(member_table.pop(name))]
+        member.table.save(member_table)
     return bool(stopped)
 
 

@@ -8,8 +8,10 @@ Slurm's clients learn every cluster's controller. So from either cluster's SLURM
 
 Node names repeat across the clusters (each has gpu001...): Slurm keeps nodes per cluster,
 and each slurmd is told apart by its port and its cluster's state folder, as a site's two
-clusters may both have a node001. A further cluster runs no service, Postgres or agents:
-one runyard service drives every cluster.
+clusters may both have a node001. A further cluster runs no service or Postgres: one
+runyard service drives every cluster, named in the clusters file the first cluster's `up`
+wrote for it (clusters_file.py). Its nodes' health agents report to that service with
+`--cluster <name>`, their kernel logs in the further cluster's state folder.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from client.devcluster import accounting, identity
 from client.devcluster.cluster import (
     DevCluster,
     Progress,
+    agent_tokens,
     check_shape_unchanged,
+    mint_tokens,
     saved_shape,
+    start_agents,
     start_slurm,
     write_configs,
 )
@@ -48,7 +53,23 @@ def up_members(first: DevCluster, num_clusters: int, say: Progress = print) -> l
     members = [first.member_cluster(m) for m in range(2, num_clusters + 1)]
     for member in members:
         up_member(member, shape, say)
+        if first.num_clusters >= member.member:  # the first's service drives it
+            start_member_agents(first, member, shape, say)
     return members
+
+
+def start_member_agents(
+    first: DevCluster, member: DevCluster, shape: ClusterShape, say: Progress = print
+) -> None:
+    """Agent tokens for the further cluster's nodes, minted into the service's database,
+    and an agent per node reporting with `--cluster` (cluster.start_agents)."""
+    say(f"starting {member.cluster_name}'s health agents (--cluster {member.cluster_name})")
+    table = member.table.load()
+    missing = [n for n in shape.node_names if not member.agent_token_file(n).exists()]
+    if missing:
+        mint_tokens(first, agent_tokens(member, missing))
+    start_agents(first, member, shape.node_names, table)
+    member.table.save(table)
 
 
 def up_member(member: DevCluster, shape: ClusterShape, say: Progress = print) -> None:

@@ -1,6 +1,9 @@
 """Several Slurm clusters under one service (issue 41): which cluster a run belongs on.
 
-`failover.py` decides when a run leaves a cluster that cannot run it, where it goes, and
-what the move costs. Pure functions over plain values, as `recovery.paths` is, so that the
-reconciler and the failure simulation (sim/) ask the same question the same way.
+`registry.py` lists the configured clusters; `reachability.py` keeps since when each one's
+controller has not answered the reconciler; `choice.py` picks the cluster an unpinned run
+goes to from each cluster's plan; `stranded.py` lists the runs whose cluster cannot run
+them; `failover.py` decides when such a run leaves, where it goes, and what the move costs.
+`choice.py` and `failover.py` are pure functions over plain values, as `recovery.paths` is,
+so that the service and the failure simulation (sim/) ask the same question the same way.
 """

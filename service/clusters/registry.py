@@ -43,13 +43,6 @@ class UnknownCluster(AppError):
         self.name = name
 
 
-class ClusterNotDriven(AppError):
-    """A spec pins a configured cluster that the reconciler does not run work on yet."""
-
-    status_code = 422
-    code = "cluster_not_driven"
-
-
 class ClusterState(StrEnum):
     REACHABLE = "reachable"  # its slurmctld answered `scontrol show config`
     UNREACHABLE = "unreachable"  # it did not, or not in time
@@ -109,21 +102,13 @@ def find_cluster(settings: Settings, name: str | None) -> ClusterConfig:
     raise UnknownCluster(name, cluster_names(settings))
 
 
-def run_cluster(settings: Settings, name: str | None) -> ClusterConfig:
-    """The cluster a run whose spec says `cluster: name` runs on (None: the default one).
-
-    The reconciler drives the default cluster only, until placement across clusters comes
-    (issue 41's next stage): a run pinned to another configured cluster is refused, with
-    the reason, rather than queued where nothing would ever start it."""
-    config = find_cluster(settings, name)
-    default = default_cluster(settings)
-    if config.name != default.name:
-        raise ClusterNotDriven(
-            f"cluster {config.name!r} is configured, but runs start on the default cluster "
-            f"{default.name!r} only, until placement across clusters: leave `cluster:` out "
-            f"or set it to {default.name!r}"
-        )
-    return config
+def planning_settings(settings: Settings, config: ClusterConfig) -> Settings:
+    """The settings a run on `config` is planned with: the site's, with the cluster's
+    hardware, network, accelerator and partition (what the planner and sbatch read)."""
+    update = {field: getattr(config, field) for field in SITE_FIELDS}
+    if all(getattr(settings, field) == value for field, value in update.items()):
+        return settings  # the site's own cluster: nothing to copy
+    return settings.model_copy(update=update)
 
 
 def target_of(settings: Settings, config: ClusterConfig) -> SlurmTarget:

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
-    """scancel the jobs of CANCELLING runs; once they left the queue, the run is CANCELLED."""
+    """scancel the jobs of `slurm`'s cluster's CANCELLING runs; once they left the queue,
+    the run is CANCELLED. A run's attempts are on its cluster: it never spans clusters."""
     targets: dict[int, list[str]] = {}
     # Jobs whose ranks were asked to save: past their grace, preemption.enforce_stop_deadlines
     # scancels them (earlier in the same tick).
@@ -40,7 +41,7 @@ def stop_cancelling(settings: Settings, slurm: SlurmClient) -> None:
     unnamed: dict[int, list[str]] = {}  # run -> names of jobs maybe queued before a crash
     owners: dict[int, str] = {}  # run -> its owner's Unix user, whom its jobs run as
     with session_scope() as session:
-        for r in repository.runs_in_states(session, [RunState.CANCELLING]):
+        for r in repository.runs_in_states(session, [RunState.CANCELLING], [slurm.cluster_name]):
             live = [a for a in r.attempts if not a.state.is_terminal]
             targets[r.id] = [a.slurm_job_id for a in live if a.slurm_job_id]
             saving.update(a.slurm_job_id for a in live if a.slurm_job_id and a.stop_requested_at)

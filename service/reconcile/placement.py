@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from contract import ModelShape
 from planner.resolve import LayoutError
+from service.clusters.registry import find_cluster, planning_settings
 from service.config import Settings
 from service.db import session_scope
 from service.models import Attempt, Node, NodeState, Run, RunState
@@ -41,7 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
-    """Give PENDING runs the nodes they lack: free, healthy, fewest leaf switches."""
+    """Give the snapshot's cluster's PENDING runs the nodes they lack there: free, healthy,
+    fewest leaf switches. A run is placed on its own cluster only (chosen at submission,
+    service/runs/cluster_placement.py): it never spans clusters."""
     with session_scope() as session:
         rows = session.execute(
             select(Node.name, Node.state, Node.switch).where(Node.cluster == snapshot.cluster)
@@ -63,6 +66,7 @@ def place_pending(settings: Settings, snapshot: ClusterSnapshot) -> None:
             select(
                 Run.id, Run.priority, Run.num_nodes, Run.nodes, Run.min_nodes, Run.state_reason
             ).where(
+                Run.cluster == snapshot.cluster,
                 Run.state == RunState.PENDING,
                 func.cardinality(Run.nodes) < Run.num_nodes,
                 not_(_still_waiting_sql(len(healthy_free), len(pool))),
@@ -246,8 +250,10 @@ def shrink_or_wait(session: Session, run: Run, need: int, free: int, settings: S
     if may_shrink(run.min_nodes, len(run.nodes)):
         # The run allows fewer nodes and checkpoints reshard: continue on what is left.
         spec = RunSpec.model_validate({**run.spec, "nodes": len(run.nodes), "min_nodes": None})
+        # Planned again on the hardware of the run's own cluster.
+        on = planning_settings(settings, find_cluster(settings, run.cluster))
         try:  # its inputs were read as its owner at submission; its shape is stored
-            resolved = plan_layout(spec, ModelShape.model_validate(run.config["model"]), settings)
+            resolved = plan_layout(spec, ModelShape.model_validate(run.config["model"]), on)
         except LayoutError as exc:
             reason = f"cannot shrink to {len(run.nodes)} nodes ({exc}); waiting"
         else:
@@ -285,11 +291,13 @@ def release_ended_runs(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     slurmctld has deleted the reservation, and is tried again every tick until then. Slurm
     refuses the delete while a job that ran in it is still ending; a run released on that
     refusal leaked its nodes for good (issue 37), the next run waiting for nodes that were free.
+    The snapshot's cluster's runs only: a run's reservation is on its cluster.
     """
     with session_scope() as session:  # ids and names only: ended runs pile up
         rows = session.execute(
             select(Run.id, Run.reservation)
             .where(Run.state.in_(ENDED_STATES), Run.reservation.is_not(None))
+            .where(Run.cluster == snapshot.cluster)
             .order_by(Run.id)
         ).all()
     releasing = [(run_id, name) for run_id, name in rows if name]
@@ -316,7 +324,8 @@ def sweep_reservations(settings: Settings, snapshot: ClusterSnapshot, slurm: Slu
     released runs whose delete Slurm had refused and left such reservations behind, holding
     free nodes from every other job. Only `<prefix>-run<id>` names are ours to sweep, never
     the spare pool's or another service's; an ended run that still records its reservation
-    is releasing, which release_ended_runs finishes."""
+    is releasing, which release_ended_runs finishes. A run's reservation on a cluster that
+    is not the run's is leaked too: a run holds nodes on its own cluster only."""
     prefix = settings.slurm_job_prefix
     ours = {
         name: run_id
@@ -329,17 +338,25 @@ def sweep_reservations(settings: Settings, snapshot: ClusterSnapshot, slurm: Slu
         runs = {
             row.id: row
             for row in session.execute(
-                select(Run.id, Run.state, Run.reservation).where(Run.id.in_(list(ours.values())))
+                select(Run.id, Run.state, Run.reservation, Run.cluster).where(
+                    Run.id.in_(list(ours.values()))
+                )
             )
         }
     leaked = {
         name: run_id
         for name, run_id in ours.items()
-        if (run := runs.get(run_id)) is None or run.reservation != name
+        if (run := runs.get(run_id)) is None
+        or run.reservation != name
+        or run.cluster != snapshot.cluster
     }
     for name, run_id in sorted(leaked.items()):
         run = runs.get(run_id)
-        whose = f"run {run_id} ({run.state})" if run else f"run {run_id}, which does not exist"
+        whose = (
+            f"run {run_id} ({run.state}, on {run.cluster})"
+            if run
+            else f"run {run_id}, which does not exist"
+        )
         try:
             delete_reservation(slurm, name, snapshot.reservations)
         except SlurmUnreachable as exc:

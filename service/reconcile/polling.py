@@ -57,8 +57,9 @@ class Observed:
 
 
 def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
-    """Read every queued or running attempt's job and act on changes: one squeue for
-    all of them, one `scontrol show job` for those that left the queue."""
+    """Read every queued or running attempt's job on `slurm`'s cluster (job ids are per
+    cluster) and act on changes: one squeue for all of them, one `scontrol show job` for
+    those that left the queue."""
     with session_scope() as session:
         # The attempts themselves, in SQL: loading every queued run to find them did not
         # scale to 10,000 queued runs. What we last recorded comes along, so a job that
@@ -79,6 +80,7 @@ def poll_attempts(settings: Settings, slurm: SlurmClient) -> None:
                     Run.state.in_([RunState.PENDING, RunState.RUNNING]),
                     Attempt.state.in_([AttemptState.PENDING, AttemptState.RUNNING]),
                     Attempt.slurm_job_id.is_not(None),
+                    Attempt.cluster == slurm.cluster_name,
                 )
                 .order_by(Run.id, Attempt.number)
             ).all()

@@ -5,9 +5,10 @@ requeue or fail the job under us."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, true
 from sqlalchemy.orm import Session, selectinload
 
 from contract import StopReason
@@ -30,15 +31,18 @@ def _rank(run: Run) -> int:
 
 
 def preempt_for_waiting_runs(snapshot: ClusterSnapshot) -> None:
-    """A waiting run may take nodes from running runs of lower priority, lowest first."""
+    """A waiting run may take nodes from running runs of lower priority, lowest first, on
+    its own cluster (the snapshot's): a run never takes another cluster's nodes."""
     with session_scope() as session:
-        request_preemptions(session, len(snapshot.free_nodes()))
+        request_preemptions(session, len(snapshot.free_nodes()), snapshot.cluster)
 
 
-def request_preemptions(session: Session, num_free_nodes: int) -> None:
+def request_preemptions(session: Session, num_free_nodes: int, cluster: str | None = None) -> None:
     """Ask lower-priority running runs to yield to each waiting run that the free nodes
-    cannot place; a run whose victims are still checkpointing is not given more."""
-    running = [r for r in repository.runs_in_states(session, [RunState.RUNNING])]
+    cannot place; a run whose victims are still checkpointing is not given more. Runs of
+    `cluster` only, when given."""
+    on = [cluster] if cluster is not None else None
+    running = [r for r in repository.runs_in_states(session, [RunState.RUNNING], on)]
     # Only a run that outranks some running run can preempt; loading the others (10,000
     # queued runs of one class) cost most of a tick and could never find a victim.
     lowest = min((_rank(r) for r in running), default=None)
@@ -52,6 +56,7 @@ def request_preemptions(session: Session, num_free_nodes: int) -> None:
         for r in session.scalars(
             select(Run)
             .where(Run.state == RunState.PENDING, Run.priority.in_(outranking))
+            .where(Run.cluster == cluster if cluster is not None else true())
             .options(selectinload(Run.attempts))
             .order_by(Run.id)
         ).all()
@@ -95,12 +100,14 @@ def request_preemptions(session: Session, num_free_nodes: int) -> None:
         )
 
 
-def stop_segments_at_time_limit(settings: Settings) -> None:
+def stop_segments_at_time_limit(
+    settings: Settings, clusters: Collection[str] | None = None
+) -> None:
     """A run longer than its Slurm time limit runs as segments: stop each one in time to
-    checkpoint, and the next resumes from it."""
+    checkpoint, and the next resumes from it. Runs on `clusters` only, when given."""
     now = utcnow()
     with session_scope() as session:
-        for run in repository.runs_in_states(session, [RunState.RUNNING]):
+        for run in repository.runs_in_states(session, [RunState.RUNNING], clusters):
             attempt = repository.live_attempt(run)
             if attempt is None or attempt.started_at is None or attempt.stop_requested_at:
                 continue
@@ -112,14 +119,16 @@ def stop_segments_at_time_limit(settings: Settings) -> None:
 
 def enforce_stop_deadlines(settings: Settings, slurm: SlurmClient) -> None:
     """Ranks that ignore a stop request for `stop_grace_s` are cancelled outright: a
-    running run's (preemption, a segment's end, a slow node) and a cancelled one's."""
+    running run's (preemption, a segment's end, a slow node) and a cancelled one's; the
+    jobs on `slurm`'s cluster (job ids are per cluster)."""
     deadline = utcnow() - timedelta(seconds=settings.stop_grace_s)
     with session_scope() as session:
         jobs = {
             a.slurm_job_id: r.unix_user
             for r in repository.runs_in_states(session, [RunState.RUNNING, RunState.CANCELLING])
             for a in r.attempts
-            if a.stop_requested_at
+            if a.cluster == slurm.cluster_name
+            and a.stop_requested_at
             and a.stop_requested_at < deadline
             and not a.state.is_terminal
             and a.slurm_job_id
@@ -150,11 +159,13 @@ def attempt_stopped(session: Session, run: Run, attempt: Attempt, how: str) -> N
 
 
 def sync_run_reservations(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
-    """A run's reservation holds exactly its nodes (a preempted run's shrinks to none)."""
+    """A run's reservation holds exactly its nodes (a preempted run's shrinks to none), on
+    the snapshot's cluster, where the run's reservation is."""
     with session_scope() as session:
         held = session.scalars(  # queued runs hold no reservation: not loaded
             select(Run)
             .where(Run.state == RunState.PENDING, Run.reservation.is_not(None))
+            .where(Run.cluster == snapshot.cluster)
             .options(selectinload(Run.attempts))
             .order_by(Run.id)
         ).all()

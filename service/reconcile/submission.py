@@ -74,7 +74,8 @@ def segment_of(run: Run) -> int | None:
 
 
 def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
-    """Give every placed PENDING run without a live attempt a new one, and submit it."""
+    """Give every placed PENDING run of `slurm`'s cluster without a live attempt a new one,
+    and submit it there."""
     todo: list[AttemptRequest] = []
     with session_scope() as session:
         # Placed runs only, filtered in SQL: 10,000 queued runs must not be loaded per tick.
@@ -84,6 +85,7 @@ def submit_pending(settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmCl
         placed = session.scalars(
             select(Run)
             .where(Run.state == RunState.PENDING, func.cardinality(Run.nodes) >= Run.num_nodes)
+            .where(Run.cluster == slurm.cluster_name)
             .options(selectinload(Run.attempts))
             .order_by(Run.id)
             .with_for_update(of=Run)
@@ -169,7 +171,8 @@ def submit_group_attempts(
     settings: Settings, snapshot: ClusterSnapshot, slurm: SlurmClient
 ) -> None:
     """Every group of a placed replica-group run has a live attempt, and every SUBMITTING
-    one is sbatched once (a job found by its unique name after a crash is adopted)."""
+    one is sbatched once (a job found by its unique name after a crash is adopted); the
+    runs of `slurm`'s cluster."""
     todo: list[AttemptRequest] = []
     with session_scope() as session:
         # Only runs with a lighthouse: loading every queued run here cost 4 s a tick with
@@ -179,6 +182,7 @@ def submit_group_attempts(
             .where(
                 Run.state.in_([RunState.PENDING, RunState.RUNNING]),
                 Run.lighthouse_addr.is_not(None),
+                Run.cluster == slurm.cluster_name,
             )
             .options(selectinload(Run.attempts))
             .order_by(Run.id)

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 
 def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
-    """One sbatch --array per sweep not yet queued; task i is its i-th still-pending run."""
-    for req in _prepare(settings):
+    """One sbatch --array per sweep not yet queued; task i is its i-th still-pending run.
+    The sweeps whose runs are on `slurm`'s cluster (a sweep's runs share one cluster)."""
+    for req in _prepare(settings, slurm.cluster_name):
         try:
             array_id = slurm.array_job_by_name(req.job_name)
             if array_id is not None and not owners_own(
@@ -74,12 +75,17 @@ def submit_sweeps(settings: Settings, slurm: SlurmClient) -> None:
         log.info("submitted sweep %d as Slurm job array %s", req.sweep_id, array_id)
 
 
-def _prepare(settings: Settings) -> list[ArrayRequest]:
-    """Create the first attempts (SUBMITTING) of every unsubmitted sweep, in array order."""
+def _prepare(settings: Settings, cluster: str) -> list[ArrayRequest]:
+    """Create the first attempts (SUBMITTING) of every unsubmitted sweep on `cluster`, in
+    array order."""
     todo = []
     with session_scope() as session:
+        on_cluster = select(Run.sweep_id).where(Run.cluster == cluster)
         sweeps = session.scalars(
-            select(Sweep).where(Sweep.submitted_at.is_(None)).order_by(Sweep.id).with_for_update()
+            select(Sweep)
+            .where(Sweep.submitted_at.is_(None), Sweep.id.in_(on_cluster))
+            .order_by(Sweep.id)
+            .with_for_update()
         ).all()
         for sweep in sweeps:
             # Locked: a member cancelled meanwhile is not given an attempt (submission.py).
@@ -176,7 +182,8 @@ def _array_failed(req: ArrayRequest, reason: str) -> None:
 
 def hold_array_nodes(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
     """A running array task's nodes go into its run's own reservation at once, so a failed
-    task's healthy nodes are not taken by other pending jobs before the retry is queued."""
+    task's healthy nodes are not taken by other pending jobs before the retry is queued.
+    The snapshot's cluster's runs."""
     with session_scope() as session:
         want = [
             (r.reservation, list(r.nodes), r.unix_user)
@@ -185,6 +192,7 @@ def hold_array_nodes(snapshot: ClusterSnapshot, slurm: SlurmClient) -> None:
                     Run.sweep_id.is_not(None),
                     Run.state == RunState.RUNNING,
                     Run.reservation.is_not(None),
+                    Run.cluster == snapshot.cluster,
                 )
             )
         ]

@@ -30,7 +30,7 @@ LOOK_BACK = timedelta(hours=1)  # older ended attempts' jobs were cancelled or h
 
 def cancel_jobs_of_ended_attempts(slurm: SlurmClient, within: timedelta = LOOK_BACK) -> None:
     """scancel the jobs Slurm still runs for attempts Postgres says failed or were cancelled,
-    each as its run owner's (SlurmClient.cancel)."""
+    each as its run owner's (SlurmClient.cancel); the jobs on `slurm`'s cluster."""
     with session_scope() as session:
         rows = session.execute(
             select(Attempt.slurm_job_id, Run.unix_user)
@@ -39,6 +39,7 @@ def cancel_jobs_of_ended_attempts(slurm: SlurmClient, within: timedelta = LOOK_B
                 Attempt.state.in_(ENDED_BY_US),
                 Attempt.slurm_job_id.is_not(None),
                 Attempt.ended_at > utcnow() - within,
+                Attempt.cluster == slurm.cluster_name,
             )
         ).all()
         owner_of_job = {job: owner for job, owner in rows if job}

@@ -5,10 +5,11 @@ from __future__ import annotations
 import shutil
 import statistics
 import sys
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, true
 
 from contract import MAX_REPORT_BACKOFF_S, REPORT_REQUEST_TIMEOUT_S
 from service.config import Settings
@@ -28,8 +29,12 @@ def hang_threshold_s(step_times: list[float], settings: Settings) -> float:
     return max(settings.hang_factor * typical, settings.hang_min_s)
 
 
-def check_hangs(settings: Settings, watching_since: datetime) -> None:
-    """Open a RESTART incident for each running attempt whose progress stopped.
+def check_hangs(
+    settings: Settings, watching_since: datetime, clusters: Collection[str] | None = None
+) -> None:
+    """Open a RESTART incident for each running attempt whose progress stopped, of the runs
+    on `clusters` (None: every cluster): a run's incident is carried out on its cluster,
+    and one whose controller does not answer waits for it (service/reconcile/loop.py).
 
     `watching_since` is when this service last began to see everything (its start, or its
     return after losing Postgres): a service that was down, or whose database was, has not
@@ -46,6 +51,7 @@ def check_hangs(settings: Settings, watching_since: datetime) -> None:
                 Run.state == RunState.RUNNING,
                 Attempt.state == AttemptState.RUNNING,
                 Attempt.first_step_at.is_not(None),
+                Run.cluster.in_(clusters) if clusters is not None else true(),
             )
         ).all()
         # The earliest moment silence can count from: the workers' longest retry wait after

@@ -87,9 +87,9 @@ def owner_inputs(
     return shape
 
 
-def fp8_available() -> bool:
-    """FP8 needs GPUs with FP8 tensor cores (H100/H200); refuse it before any rank starts."""
-    settings = get_settings()
+def fp8_available(settings: Settings) -> bool:
+    """FP8 needs GPUs with FP8 tensor cores (H100/H200); refuse it before any rank starts.
+    `settings` are the cluster's the run is planned on (clusters.registry.planning_settings)."""
     if settings.accelerator == "cpu":
         return False
     try:
@@ -124,7 +124,7 @@ def plan_layout(
     """The layout and plan of a spec whose model shape is known (its inputs were checked at
     submission): what the reconciler re-plans with when a run shrinks."""
     pinned = {} if spec.parallelism == "auto" else spec.parallelism.model_dump(exclude_none=True)
-    if pinned.get("precision") == Precision.FP8 and not fp8_available():
+    if pinned.get("precision") == Precision.FP8 and not fp8_available(settings):
         where = (
             "the workers train on CPU"
             if settings.accelerator == "cpu"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import func, select
@@ -56,13 +56,18 @@ def list_runs(
 PRIORITY_RANK = {"prod": 3, "research": 2, "scavenger": 1}
 
 
-def runs_in_states(session: Session, states: Sequence[RunState]) -> Sequence[Run]:
+def runs_in_states(
+    session: Session, states: Sequence[RunState], clusters: Collection[str] | None = None
+) -> Sequence[Run]:
+    """The runs in `states`, with their attempts; only those on `clusters` when given."""
     stmt = (
         select(Run)
         .where(Run.state.in_(states))
         .options(selectinload(Run.attempts))
         .order_by(Run.id)
     )
+    if clusters is not None:
+        stmt = stmt.where(Run.cluster.in_(clusters))
     return session.scalars(stmt).all()
 
 

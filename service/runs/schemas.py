@@ -20,6 +20,7 @@ from contract import (
 from contract.entrypoint import ProgressPattern, ScriptEnvironment, ScriptResume
 from contract.run_config import SpikeRule
 from planner.schemas import PlanResult
+from service.clusters.choice import Unfit
 from service.models import AttemptState, CheckpointState, RunState
 from service.runs.goodput_figures import Goodput
 from service.runs.tracking_spec import TrackingSpec
@@ -374,6 +375,28 @@ class ScriptPythonOut(BaseModel):
     client_protocol: int = Field(description="Its runyard_client's PROTOCOL_VERSION.")
 
 
+class ClusterPlanOut(BaseModel):
+    """One cluster's plan for a spec, as the placement rule weighed it
+    (service/clusters/choice.py)."""
+
+    name: str
+    hardware: str = Field(description="Its GPU type: the plan's hardware.")
+    chosen: bool
+    unfit: Unfit | None = Field(description="Why it cannot run the spec; None: it can.")
+    why_unfit: str = Field(default="", description="The planner's or the counts' words.")
+    step_time_s: float = Field(description="The plan's step time on its GPUs (0: no plan).")
+    goodput: float = Field(description="The plan's goodput, a spare at every failure.")
+    expected_goodput: float = Field(description="The goodput with the spares it has.")
+    spares: int = Field(description="Hot spares in its pool now.")
+    free_nodes: int = Field(
+        description="Free healthy nodes beyond its pool's shortfall and its queued runs' need."
+    )
+    starts_now: bool = Field(description="free_nodes covers the spec's nodes.")
+    time_per_step_s: float | None = Field(
+        description="Step time over expected goodput: what the rule compares (None: unfit)."
+    )
+
+
 class RunDecision(BaseModel):
     """What the service decides for a spec, without creating the run (`--dry-run`)."""
 
@@ -393,6 +416,15 @@ class RunDecision(BaseModel):
         default=None,
         description="The entrypoint's own Python as its owner ran it at this check "
         "(`environment.python`); None: runyard's.",
+    )
+    cluster: str = Field(default="", description="The cluster the run would run on.")
+    cluster_why: str = Field(
+        default="", description="Why that cluster: pinned, or the rule that chose it."
+    )
+    clusters: list[ClusterPlanOut] = Field(
+        default_factory=list,
+        description="Each cluster's plan for the spec, when several were weighed or one was "
+        "pinned (empty: one cluster configured).",
     )
 
 

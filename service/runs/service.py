@@ -13,24 +13,30 @@ from contract import (
     WorkerRunConfig,
 )
 from contract.run_config import DataSkip
-from planner.resolve import Resolved
+from planner.resolve import LayoutError
 from service.auth.principal import Principal
 from service.auth.service import audit
-from service.clusters.registry import run_cluster
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound, QuotaExceeded
 from service.identity.owner_folders import checkpoint_folder, owner_root
 from service.identity.service import owner_for
 from service.models import Attempt, AttemptState, Run, RunState, Team
-from service.plans.service import calibration_for
-from service.runs import live_interval, plan_outcomes, repository
+from service.runs import cluster_placement, live_interval, plan_outcomes, repository
+from service.runs.cluster_placement import Placement
 from service.runs.environment import script_python
 from service.runs.goodput import achieved_mfu, compute_goodput
 from service.runs.goodput_figures import Goodput
-from service.runs.planning import acts_as_owner, replica_groups_of, resolve, stored_plan
+from service.runs.planning import (
+    acts_as_owner,
+    model_shape,
+    owner_inputs,
+    replica_groups_of,
+    stored_plan,
+)
 from service.runs.run_state_machine import record_event, set_run_state
 from service.runs.schemas import (
     AttemptOut,
+    ClusterPlanOut,
     HfModelSpec,
     RunDecision,
     RunOut,
@@ -48,31 +54,37 @@ def decide(
     principal: Principal | None = None,
     *,
     quota: bool = True,
-) -> tuple[ModelShape, Resolved, ScriptPythonOut | None]:
+) -> tuple[ModelShape, Placement, ScriptPythonOut | None]:
     """Everything the service decides about a spec before it becomes a run: who it runs
-    as, the layout, the plan, the team's quota, and the Python an entrypoint runs in, as
-    its owner runs it. `--dry-run` stops here."""
-    run_cluster(settings, spec.cluster)  # a cluster it cannot run on is refused first
+    as, the cluster, the layout, the plan, the team's quota, and the Python an entrypoint
+    runs in, as its owner runs it. `--dry-run` stops here."""
+    # An unknown cluster is refused first; each cluster's facts are read before planning.
+    facts = cluster_placement.read_facts(session, settings, spec)
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
-    calibration = calibration_for(session, settings, settings.hardware, spec.uncalibrated)
     if owner is not None and acts_as_owner(spec) and not session.in_nested_transaction():
         # The owner's inputs are read by another process: no transaction waits on it.
         session.rollback()
-    shape, resolved = resolve(spec, settings, owner, calibration)
+    try:
+        shape = owner_inputs(spec, model_shape(spec), owner, settings)
+    except LayoutError as exc:
+        raise InvalidSpec(str(exc)) from exc
+    placement = cluster_placement.place(spec, shape, facts)
     python = script_python(spec, owner, settings)
     if principal is not None and quota:
         check_quota(session, principal.team, spec.nodes * spec.gpus_per_node)
     team = principal.team if principal is not None else None
     if (problem := trackers_unavailable(spec.tracking, settings, session, team)) is not None:
         raise InvalidSpec(problem)
-    return shape, resolved, python
+    return shape, placement, python
 
 
 def dry_run(
     session: Session, spec: RunSpec, settings: Settings, principal: Principal | None = None
 ) -> RunDecision:
-    """What `create_run` would decide for this spec, creating nothing."""
-    shape, resolved, python = decide(session, spec, settings, principal)
+    """What `create_run` would decide for this spec, creating nothing; with several
+    clusters, each one's plan and why the chosen one won."""
+    shape, placement, python = decide(session, spec, settings, principal)
+    resolved = placement.resolved
     pinned = (
         [] if spec.parallelism == "auto" else sorted(spec.parallelism.model_dump(exclude_none=True))
     )
@@ -84,6 +96,30 @@ def dry_run(
         plan=resolved.plan,
         replica_groups=replica_groups_of(resolved),
         environment=python,
+        cluster=placement.cluster.name,
+        cluster_why=placement.why,
+        clusters=[cluster_plan_out(p, placement) for p in placement.plans]
+        if len(placement.plans) > 1 or spec.cluster is not None
+        else [],
+    )
+
+
+def cluster_plan_out(plan: cluster_placement.ClusterPlan, placement: Placement) -> ClusterPlanOut:
+    """One cluster's row of the dry run's table."""
+    option = plan.option
+    return ClusterPlanOut(
+        name=option.name,
+        hardware=plan.config.hardware,
+        chosen=option.name == placement.cluster.name,
+        unfit=option.unfit,
+        why_unfit=option.why_unfit,
+        step_time_s=option.step_time_s,
+        goodput=option.goodput,
+        expected_goodput=option.expected_goodput,
+        spares=option.num_spares,
+        free_nodes=option.free_nodes,
+        starts_now=option.starts_now,
+        time_per_step_s=option.time_per_step_s if option.fits else None,
     )
 
 
@@ -95,12 +131,14 @@ def create_run(
     *,
     quota: bool = True,
 ) -> Run:
-    """Resolve, plan and admit one run; `quota=False` when the caller checked it for a group."""
-    shape, resolved, _ = decide(session, spec, settings, principal, quota=quota)
+    """Resolve, plan, place and admit one run; `quota=False` when the caller checked it for
+    a group."""
+    shape, placement, _ = decide(session, spec, settings, principal, quota=quota)
+    resolved = placement.resolved
     owner = owner_for(session, principal, settings, spec.priority) if principal else None
     run = Run(
         name=spec.name,
-        cluster=run_cluster(settings, spec.cluster).name,
+        cluster=placement.cluster.name,
         owner=principal.user if principal else "",
         team=principal.team if principal else "",
         unix_user=owner.unix_user if owner else "",
@@ -139,12 +177,14 @@ def create_run(
     )
     session.add(run)
     session.flush()
-    plan_outcomes.record_prediction(session, run, settings.accelerator)  # `runyard plan accuracy`
+    # `runyard plan accuracy`, against the accelerator of the cluster it runs on.
+    plan_outcomes.record_prediction(session, run, placement.cluster.accelerator)
+    on = f" on cluster {placement.why}" if placement.why else ""
     record_event(
         session,
         run,
         "run.submitted",
-        f"run '{run.name}' accepted",
+        f"run '{run.name}' accepted{on}",
         data={"layout": run.config["layout"]},
     )
     return run

@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.auth.principal import Principal
+from service.clusters import registry
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, NotFound
 from service.identity.owner_folders import owner_root
@@ -35,6 +36,8 @@ def create_sweep(
     at_once = min(spec.sweep.max_parallel, len(members))
     check_quota(session, principal.team, at_once * spec.nodes * spec.gpus_per_node)
     owner = owner_for(session, principal, settings, spec.priority)  # the array runs as them
+    # One array, one cluster: with several, the first member's choice holds for them all.
+    several = spec.cluster is None and len(registry.clusters(settings)) > 1
     with session.begin_nested():  # all of the sweep or none of it
         sweep = Sweep(
             name=spec.name,
@@ -53,8 +56,10 @@ def create_sweep(
             owner_root(settings.jobs_dir, sweep)
             / f"sweep-{sweep.id:06d}-{sweep.created_at:%Y%m%dT%H%M%S}"
         )
-        runs = []
+        runs: list[Run] = []
         for index, (point, member) in enumerate(members):
+            if runs and several:
+                member = member.model_copy(update={"cluster": runs[0].cluster})
             try:
                 run = create_run(session, member, settings, principal, quota=False)
             except InvalidSpec as exc:

@@ -4,6 +4,7 @@ are real ones this test starts, in folders of its own (the dev cluster is never 
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ from typer.testing import CliRunner
 from client.cli import app
 from client.devcluster import cluster
 from client.devcluster.cluster import DevCluster, configs_of, env_script
-from client.devcluster.processes import is_alive, spawn
-from client.devcluster.render import ClusterShape, render
+from client.devcluster.clusters_file import clusters_toml
+from client.devcluster.processes import Started, is_alive, spawn
+from client.devcluster.render import PARTITION, ClusterShape, render
+from service.config_areas.clusters import ClusterReach, parse_clusters
 
 SHAPE = ClusterShape(num_nodes=8, leaf_size=4)
 
@@ -113,3 +116,45 @@ def test_a_third_cluster_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(app, ["dev", "up", "--clusters", "3"])
     assert result.exit_code == 2
     assert "--clusters" in result.output
+
+
+def test_the_services_clusters_file_names_both_clusters_as_the_service_reads_it(
+    tmp_path: Path,
+) -> None:
+    first = DevCluster(tmp_path / "dev", database_url="postgresql://unused", num_clusters=2)
+    names = [first.member_cluster(m).cluster_name for m in first.member_numbers]
+    configs = parse_clusters(tomllib.loads(clusters_toml(names)), {})
+    local, remote = configs
+    assert (local.name, local.reach) == ("runyard-dev", ClusterReach.LOCAL)
+    assert (remote.name, remote.reach) == ("runyard-dev-b", ClusterReach.MULTICLUSTER)
+    assert local.partition == remote.partition == PARTITION
+    assert remote.spare_pool_target == 1 and remote.accelerator == "cpu"
+    assert first.service_env()["RUNYARD_CLUSTERS_FILE"] == str(tmp_path / "dev" / "clusters.toml")
+
+
+def test_plain_dev_up_gives_the_service_no_clusters_file(tmp_path: Path) -> None:
+    assert "RUNYARD_CLUSTERS_FILE" not in first_cluster(tmp_path / "dev").service_env()
+
+
+def test_the_second_clusters_agents_say_their_cluster_and_read_its_kernel_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: dict[str, list[str]] = {}
+
+    def record(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Started:
+        started[f"{log.parent.parent.name}/{name}"] = argv
+        return Started(name=name, pid=1, executable=argv[0], log=str(log))
+
+    monkeypatch.setattr(cluster, "spawn", record)
+    first = DevCluster(tmp_path / "dev", database_url="postgresql://unused", num_clusters=2)
+    second = first.member_cluster(2)
+    for on in (first, second):
+        on.agent_token_file("gpu001").parent.mkdir(parents=True)
+        on.agent_token_file("gpu001").write_text("token\n")
+        cluster.start_agents(first, on, ["gpu001"], {})
+    here, there = started["dev/agent:gpu001"], started["dev-b/agent:gpu001"]
+    assert "--cluster" not in here  # the first cluster's agents run as they always have
+    assert there[there.index("--cluster") + 1] == "runyard-dev-b"
+    assert there[there.index("--kernel-log") + 1] == str(second.kern_log("gpu001"))
+    assert str(tmp_path / "dev-b" / "nodes" / "gpu001") in there
+    assert there[there.index("--service-url") + 1] == first.service_url
