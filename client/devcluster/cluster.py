@@ -813,8 +813,8 @@ def stop_control_plane(cluster: DevCluster) -> bool:
     cluster.table.save(table)
     for member in cluster.members_started():  # `--clusters`: its agents report here too
         member_table = member.table.load()
-        agents = [n for n in member_table if n.startswith("agent:")]
-        stopped += [name for name in sorted(agents) if stop(member_table.pop(name))]
+        agents = sorted(n for n in member_table if n.startswith("agent:"))
+        stopped += stop_together([member_table.pop(name) for name in agents])
         member.table.save(member_table)
     return bool(stopped)
 
