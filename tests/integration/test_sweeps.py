@@ -193,6 +193,7 @@ def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
     """The first half of a submission (attempts recorded, tokens minted, sbatch) done by a
     service that then died: the next one adopts the array by name, submits nothing, and
     mints no token (minting would revoke the ones the tasks already run on)."""
+    from service.clusters.registry import default_cluster
     from service.config import get_settings
     from service.identity.gate import OwnerGate
     from service.reconcile import sweeps as reconcile_sweeps
@@ -207,11 +208,13 @@ def test_a_service_that_died_after_sbatch_adopts_the_array_and_keeps_its_tokens(
         get_settings.cache_clear()
         try:
             settings = get_settings()
-            req = next(r for r in reconcile_sweeps._prepare(settings) if r.sweep_id == sweep["id"])
+            cluster = default_cluster(settings)  # the dev cluster, the sweep's
+            prepared = reconcile_sweeps._prepare(settings, cluster.name)
+            req = next(r for r in prepared if r.sweep_id == sweep["id"])
             tokens = [
                 mint_worker_token(*pair) for pair in zip(req.run_ids, req.attempt_ids, strict=True)
             ]
-            array = OwnerGate(settings).submit_array(req, tokens)  # as the sweep's owner
+            array = OwnerGate(settings, cluster).submit_array(req, tokens)  # as its owner
         finally:
             get_settings.cache_clear()
         assert client.get_sweep(sweep["id"])["slurm_array_job_id"] is None  # never recorded
