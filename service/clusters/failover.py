@@ -177,6 +177,19 @@ def choose_target(
     return min(fitting, key=lambda o: (not o.mounts_checkpoint, -o.free_nodes, o.name))
 
 
+def why_it_cannot_run(
+    *, unreachable: bool, usable_nodes: int, need_nodes: int
+) -> FailoverReason | None:
+    """Why a cluster cannot run a run of `need_nodes` now (None: it can): its controller is
+    silent, or its healthy and spare nodes are fewer than the run needs. The one statement
+    of the two conditions, for `decide` and for the reconciler's list of stranded runs."""
+    if unreachable:
+        return FailoverReason.CONTROLLER_UNREACHABLE
+    if usable_nodes < need_nodes:
+        return FailoverReason.TOO_FEW_HEALTHY_NODES
+    return None
+
+
 def decide(
     home: RunCluster,
     others: Sequence[OtherCluster],
@@ -192,14 +205,19 @@ def decide(
     checkpoint cannot be read now: only a cluster that mounts it may then take the run."""
     if need_nodes < 1:
         raise ValueError(f"need_nodes must be at least 1, got {need_nodes}")
+    why = why_it_cannot_run(
+        unreachable=home.unreachable_for_s is not None,
+        usable_nodes=home.healthy_nodes + home.spare_nodes,
+        need_nodes=need_nodes,
+    )
+    if why is None:
+        return FailoverDecision(FailoverAction.STAY, FailoverReason.CAN_RUN)
     if home.unreachable_for_s is not None:
         if home.run_stepping:
             return FailoverDecision(FailoverAction.STAY, FailoverReason.STILL_STEPPING)
-        waited_s, why = home.unreachable_for_s, FailoverReason.CONTROLLER_UNREACHABLE
-    elif home.healthy_nodes + home.spare_nodes < need_nodes:
-        waited_s, why = home.short_for_s, FailoverReason.TOO_FEW_HEALTHY_NODES
+        waited_s = home.unreachable_for_s
     else:
-        return FailoverDecision(FailoverAction.STAY, FailoverReason.CAN_RUN)
+        waited_s = home.short_for_s
     if waited_s < limit_s:
         return FailoverDecision(FailoverAction.WAIT, FailoverReason.WITHIN_LIMIT)
     target = choose_target(

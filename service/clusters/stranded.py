@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.clusters.failover import FailoverReason
+from service.clusters.failover import FailoverReason, why_it_cannot_run
 from service.clusters.reachability import reachability
 from service.models import Node, NodeState, Run, RunState
 
@@ -59,11 +59,11 @@ def stranded_runs(session: Session) -> list[StrandedRun]:
     for run_id, cluster, need in runs:
         since = reach[cluster].unreachable_since if cluster in reach else None
         have = int(usable.get(cluster, 0))
-        if since is not None:
-            reason = FailoverReason.CONTROLLER_UNREACHABLE
-        elif cluster in known and have < need:
-            reason = FailoverReason.TOO_FEW_HEALTHY_NODES
-        else:
-            continue
-        stranded.append(StrandedRun(run_id, cluster, reason, need, have, since))
+        reason = why_it_cannot_run(
+            unreachable=since is not None,
+            usable_nodes=have if cluster in known else need,  # never synced: not judged
+            need_nodes=need,
+        )
+        if reason is not None:
+            stranded.append(StrandedRun(run_id, cluster, reason, need, have, since))
     return stranded
