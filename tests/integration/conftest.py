@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -19,9 +19,10 @@ import pytest
 from runyard_client.tls import client_context
 
 from client.api import RunyardClient
-from client.devcluster import cluster
+from client.devcluster import accounting, cluster, multicluster
 from client.devcluster.cluster import DevCluster
 from client.devcluster.identity import SERVICE_USER, prepare_state_dir
+from client.devcluster.processes import is_alive
 from planner.presets import MODEL_PRESETS
 from tests.conftest import ENVIRONMENT_AT_START, REPO_ROOT, TEST_DATABASE, free_port, wait_for
 
@@ -83,6 +84,38 @@ def slurm_cluster() -> Iterator[DevCluster]:
     if paused:
         with mock.patch.dict(os.environ, ENVIRONMENT_AT_START, clear=True):
             cluster.up(cluster=dev, say=lambda _: None)
+
+
+@pytest.fixture(scope="session")
+def second_cluster(slurm_cluster: DevCluster) -> Iterator[DevCluster]:
+    """runyard-dev-b, a second real Slurm cluster beside the dev cluster (its own slurmctld
+    and slurmds, the first's slurmdbd; client/devcluster/multicluster.py): `dev up
+    --clusters 2`'s own where that runs (left running), else one of this session's, in a
+    folder of its own, stopped and removed after. Skipped without Slurm accounting, where
+    the clusters meet."""
+    if not accounting.available() or not accounting.listening(slurm_cluster.dbd_port):
+        pytest.skip(
+            "no Slurm accounting here (slurmdbd, mariadb-server; scripts/bootstrap.sh "
+            "installs them): the clusters meet in one slurmdbd"
+        )
+    running = slurm_cluster.member_cluster(2)
+    slurmctld = running.table.load().get("slurmctld")
+    if slurmctld is not None and is_alive(slurmctld):
+        yield running
+        return
+    # Under /tmp/runyard-tests (0755), as the tests' services' folders: slurmd writes the
+    # dev users' job files from there.
+    own = replace(running, state_dir=Path(f"/tmp/runyard-tests/{TEST_DATABASE}-cluster-b"))
+    own.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    own.state_dir.parent.chmod(0o755)
+    shape = cluster.saved_shape(slurm_cluster)
+    assert shape is not None
+    try:
+        multicluster.up_member(own, shape, say=lambda _: None)
+        yield own
+    finally:
+        cluster.down(own, say=lambda _: None)
+        shutil.rmtree(own.state_dir, ignore_errors=True)
 
 
 def clean_up_test_leftovers(dev: DevCluster, prefix: str = "runyard-runyard_test") -> None:
@@ -254,12 +287,62 @@ def service(
         "SLURM_CONF": str(slurm_cluster.slurm_conf),
         "RUNYARD_FAULT": paced_faults(),
     }
+    empty_service_tables(database_url)
     svc = ServiceProcess(settings, state_dir, admin_token)
     svc.start()
     yield svc
     svc.stop()
     clean_up_test_leftovers(slurm_cluster, prefix=f"runyard-{TEST_DATABASE}")
     shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# What a service makes as it runs. The unit tier, run first when one `pytest` runs both,
+# commits such rows to the same database through the reconciler's own transactions (nodes
+# and runs of its fake cluster `default`): the integration tests' service must start as on
+# a new site, its node list the dev cluster's nodes alone. The tokens, teams and user links
+# the session minted stay.
+# Deleted, not truncated, in this order: a run's worker tokens go with it (ON DELETE
+# CASCADE), where TRUNCATE ... CASCADE would empty the whole token table.
+SERVICE_MADE_TABLES = (
+    "notification_deliveries",
+    "notification_subscriptions",
+    "tracker_exports",
+    "plan_outcomes",
+    "incidents",
+    "runs",
+    "sweeps",
+    "node_events",
+    "nodes",
+    "cluster_settings",
+    "audit_log",
+)
+
+
+def empty_service_tables(database_url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            for table in SERVICE_MADE_TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def site_cluster_name(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The unit tier names its one cluster `default` in the environment (tests/unit/
+    conftest.py); in one `pytest` with it, that name would follow into these tests' own
+    in-process settings (and what they hand to CLIs and workers), where the dev cluster is
+    named by its slurm.conf, as at a site."""
+    from service.config import get_settings
+
+    if "RUNYARD_CLUSTER_NAME" not in ENVIRONMENT_AT_START:
+        monkeypatch.delenv("RUNYARD_CLUSTER_NAME", raising=False)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def inject_faults(*faults: str) -> None:
@@ -314,8 +397,11 @@ class Agents:
     """One real health agent per node, reporting to the tests' service. Their kernel logs
     are files of the tests' own, so the dev cluster's agents never see the injected lines."""
 
-    def __init__(self, root: Path, service: ServiceProcess, nodes: list[str]) -> None:
+    def __init__(
+        self, root: Path, service: ServiceProcess, nodes: list[str], cluster: str | None = None
+    ) -> None:
         self.root, self.service, self.nodes = root, service, nodes
+        self.cluster = cluster  # their nodes' cluster (None: the service's default one)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def kern_log(self, node: str) -> Path:
@@ -347,6 +433,7 @@ class Agents:
                     str(self.root / node),
                     "--interval-s",
                     "1",
+                    *(["--cluster", self.cluster] if self.cluster else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -487,12 +574,18 @@ class MovedToSpare:
 
 
 def lose_a_node_and_resume(
-    client: RunyardClient, run_id: int, agents: Agents, conf: str, commit_timeout_s: float = 120
+    client: RunyardClient,
+    run_id: int,
+    agents: Agents,
+    conf: str,
+    commit_timeout_s: float = 120,
+    cluster: str | None = None,
 ) -> MovedToSpare:
     """The whole path of a lost node for a 2-node run with one spare: once it trained past
     its first commit, its second node's kernel log gets an Xid 79; that node is drained,
     and attempt 2 runs on the healthy node and the spare, resuming from the newest commit
-    at or below its resume step."""
+    at or below its resume step. `agents` and `conf` (a slurm.conf) are the run's
+    `cluster`'s (None: the service's default one)."""
     first_commit = wait_for(
         "a committed checkpoint", lambda: committed(client, run_id), timeout_s=commit_timeout_s
     )[0]
@@ -502,17 +595,19 @@ def lose_a_node_and_resume(
     placed = client.get_run(run_id)["nodes"]
     # The pool is read once the run is placed: the service may have moved its one spare
     # to another idle node meanwhile (seen once in make test: the run got the old one).
-    (spare,) = client.get_spares()["members"]
+    (spare,) = client.get_spares(cluster)["members"]
     assert len(placed) == 2 and spare not in placed
     bad, healthy = placed[1], placed[0]
 
+    before = len(client.get_run(run_id)["attempts"])
     agents.append(bad, XID_79.format(pid=os.getpid()))
 
     wait_for(f"{bad} drained", lambda: "xid:79" in drain_reason(bad, conf), timeout_s=30)
     second = wait_for(
-        "attempt 2 running",
+        f"attempt {before + 1} running",
         lambda: next(
-            (a for a in client.get_run(run_id)["attempts"][1:] if a["state"] == "RUNNING"), None
+            (a for a in client.get_run(run_id)["attempts"][before:] if a["state"] == "RUNNING"),
+            None,
         ),
         timeout_s=60,
     )

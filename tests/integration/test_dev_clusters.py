@@ -7,15 +7,12 @@ two have the same node names."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from client.devcluster import accounting, cluster, multicluster
+from client.devcluster import accounting, cluster
 from client.devcluster.cluster import DevCluster
 from client.devcluster.processes import is_alive
 from tests.conftest import TEST_DATABASE, wait_for
@@ -71,37 +68,13 @@ def first() -> DevCluster:
     return dev
 
 
-@pytest.fixture(scope="module")
-def second(first: DevCluster) -> Iterator[DevCluster]:
-    """runyard-dev-b: `dev up --clusters 2`'s own where that runs (left running), else one
-    of this session's, in a folder of its own, stopped and removed after."""
-    running = first.member_cluster(2)
-    slurmctld = running.table.load().get("slurmctld")
-    if slurmctld is not None and is_alive(slurmctld):
-        yield running
-        return
-    # Under /tmp/runyard-tests (0755), as the tests' services' folders: slurmd writes the
-    # dev users' job files from there.
-    own = replace(running, state_dir=Path(f"/tmp/runyard-tests/{TEST_DATABASE}-cluster-b"))
-    own.state_dir.parent.mkdir(parents=True, exist_ok=True)
-    own.state_dir.parent.chmod(0o755)
-    shape = cluster.saved_shape(first)
-    assert shape is not None
-    try:
-        multicluster.up_member(own, shape, say=lambda _: None)
-        yield own
-    finally:
-        cluster.down(own, say=lambda _: None)
-        shutil.rmtree(own.state_dir, ignore_errors=True)
-
-
 def test_a_job_on_each_cluster_from_the_first_read_back_from_both(
-    first: DevCluster, second: DevCluster
+    first: DevCluster, second_cluster: DevCluster
 ) -> None:
     """alice submits from the first cluster's SLURM_CONF to each cluster with `-M`; the
     jobs are read back with `squeue -M all` (slurmctld keeps finished jobs, MinJobAge) and
     with `sacct -M`, each under its own cluster, charged to her team's account there."""
-    clusters = [first.cluster_name, second.cluster_name]
+    clusters = [first.cluster_name, second_cluster.cluster_name]
     for name in clusters:
         slurm(
             "sbatch", "-M", name, f"--job-name={JOB_NAME}", f"--account={ACCOUNT}", "-N1",
@@ -134,20 +107,26 @@ def test_a_job_on_each_cluster_from_the_first_read_back_from_both(
     wait_for("both jobs in `sacct -M` (slurmdbd)", recorded_in_sacct, timeout_s=60)
 
 
-def test_the_second_cluster_reaches_the_first_too(first: DevCluster, second: DevCluster) -> None:
+def test_the_second_cluster_reaches_the_first_too(
+    first: DevCluster, second_cluster: DevCluster
+) -> None:
     """Either cluster's SLURM_CONF reaches both: the slurmdbd lists every controller."""
-    rows = slurm("sinfo", "-M", first.cluster_name, "-h", "-O", "Cluster:|", conf=second.slurm_conf)
+    rows = slurm(
+        "sinfo", "-M", first.cluster_name, "-h", "-O", "Cluster:|", conf=second_cluster.slurm_conf
+    )
     assert set(by_cluster(rows)) == {first.cluster_name}
 
 
-def test_node_names_repeat_across_the_clusters(first: DevCluster, second: DevCluster) -> None:
+def test_node_names_repeat_across_the_clusters(
+    first: DevCluster, second_cluster: DevCluster
+) -> None:
     """Both clusters have gpu001...: Slurm keeps nodes per cluster; on this machine each
     cluster's slurmds are told apart by their ports and state folders."""
     rows = slurm(
-        "sinfo", "-M", f"{first.cluster_name},{second.cluster_name}", "-h", "-N",
+        "sinfo", "-M", f"{first.cluster_name},{second_cluster.cluster_name}", "-h", "-N",
         "-O", "Cluster:|,NodeList:", conf=first.slurm_conf,
     )  # fmt: skip
     nodes = {name: {fields[0] for fields in rows_} for name, rows_ in by_cluster(rows).items()}
     shape = cluster.saved_shape(first)
     assert shape is not None
-    assert nodes[first.cluster_name] == nodes[second.cluster_name] == set(shape.node_names)
+    assert nodes[first.cluster_name] == nodes[second_cluster.cluster_name] == set(shape.node_names)
