@@ -203,7 +203,7 @@ class RunyardClient:
 
     # nodes
     def list_nodes(self, cluster: str | None = None) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/nodes", params={"cluster": cluster} if cluster else None)
+        return self._call("GET", "/v1/nodes", params=_on(cluster))
 
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/nodes/{name}")
@@ -211,14 +211,21 @@ class RunyardClient:
     def drain_node(self, name: str, reason: str) -> dict[str, Any] | None:
         return self._call("POST", f"/v1/admin/nodes/{name}/drain", json={"reason": reason})
 
-    def resume_node(self, name: str, force: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/v1/admin/nodes/{name}/resume", json={"force": force})
+    def resume_node(
+        self, name: str, force: bool = False, cluster: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(
+            "POST",
+            f"/v1/admin/nodes/{name}/resume",
+            json={"force": force},
+            params=_on(cluster),
+        )
 
-    def get_spares(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/admin/spares")
+    def get_spares(self, cluster: str | None = None) -> dict[str, Any]:
+        return self._call("GET", "/v1/admin/spares", params=_on(cluster))
 
-    def set_spares(self, target: int) -> dict[str, Any]:
-        return self._call("PUT", "/v1/admin/spares", json={"target": target})
+    def set_spares(self, target: int, cluster: str | None = None) -> dict[str, Any]:
+        return self._call("PUT", "/v1/admin/spares", json={"target": target}, params=_on(cluster))
 
     def list_incidents(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/admin/incidents", params={"limit": limit})
@@ -300,3 +307,8 @@ class RunyardClient:
 
     def plan_accuracy(self, limit: int = 200) -> dict[str, Any]:
         return self._call("GET", "/v1/plans/accuracy", params={"limit": limit})
+
+
+def _on(cluster: str | None) -> dict[str, str] | None:
+    """The query that names a cluster (None: the service's default one)."""
+    return {"cluster": cluster} if cluster else None

@@ -49,6 +49,11 @@ class StopReason(StrEnum):
     # and the run resumes from a checkpoint older than the last clean comparison
     # (service/recovery/sdc.py). Bad hardware, not the run: it uses up none of max_restarts.
     SDC = "sdc"
+    # The run's whole cluster could not run it past the site's limit (its controller silent
+    # and its ranks too, or too few healthy nodes with the spares spent): the run continues
+    # on another cluster from its last trusted checkpoint (service/reconcile/failover.py).
+    # The cluster failed, not the run: a hardware restart, none of max_restarts.
+    CLUSTER_FAILOVER = "cluster_failover"
 
     @property
     def is_yield(self) -> bool:

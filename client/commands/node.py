@@ -91,10 +91,13 @@ def drain(
 def resume(
     name: str,
     force: bool = typer.Option(False, help="Also if someone else drained it."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Its cluster (default: the service's default cluster)."
+    ),
     json: bool = JSON,
 ) -> None:
     """Return a drained node to service (only runyard's own drains unless --force)."""
-    node = call(lambda c: c.resume_node(name, force))
+    node = call(lambda c: c.resume_node(name, force, cluster))
     if json:
         return print_json(node)
     console.print(f"{name}: {node['state']}")

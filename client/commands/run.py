@@ -248,6 +248,11 @@ def show(run_id: int, json: bool = JSON) -> None:
             f"{lost['startup_and_load_s']:.1f} s, checkpoint stalls "
             f"{lost['checkpoint_stalls_s']:.1f} s"
             + (f", rolled back {lost['rolled_back_s']:.1f} s" if lost.get("rolled_back_s") else "")
+            + (
+                f", cluster failover {lost['cluster_failover_s']:.1f} s"
+                if lost.get("cluster_failover_s")
+                else ""
+            )
             + f"; queued {goodput['queued_s']:.1f} s"
         )
     for r in run.get("rollbacks") or []:  # past a loss spike, a non-finite value or an SDC

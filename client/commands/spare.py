@@ -9,23 +9,31 @@ from client.output import console, hint, print_json
 
 app = typer.Typer(help="The hot-spare pool.", no_args_is_help=True)
 JSON = typer.Option(False, "--json", help="Print JSON for scripts.")
+CLUSTER = typer.Option(
+    None, "--cluster", help="This cluster's pool (default: the service's default cluster)."
+)
 
 
 @app.command("list")
-def list_(json: bool = JSON) -> None:
+def list_(cluster: str | None = CLUSTER, json: bool = JSON) -> None:
     """The pool's target size and its members."""
-    pool = call(lambda c: c.get_spares())
+    pool = call(lambda c: c.get_spares(cluster))
     if json:
         return print_json(pool)
     members = ", ".join(pool["members"]) or "none"
-    console.print(f"target {pool['target']}, holding {len(pool['members'])}: {members}")
+    held = len(pool["members"])
+    console.print(f"{pool['cluster']}: target {pool['target']}, holding {held}: {members}")
 
 
 @app.command("set")
-def set_(target: int = typer.Argument(..., help="Spare nodes to hold."), json: bool = JSON) -> None:
+def set_(
+    target: int = typer.Argument(..., help="Spare nodes to hold."),
+    cluster: str | None = CLUSTER,
+    json: bool = JSON,
+) -> None:
     """Set the pool's target size; it fills from healthy idle nodes within seconds."""
-    pool = call(lambda c: c.set_spares(target))
+    pool = call(lambda c: c.set_spares(target, cluster))
     if json:
         return print_json(pool)
-    console.print(f"spare pool target set to {pool['target']}")
+    console.print(f"{pool['cluster']}: spare pool target set to {pool['target']}")
     hint("runyard spare list")

@@ -32,6 +32,7 @@ class IncidentOut(BaseModel):
     action: RecoveryAction
     state: IncidentState
     message: str
+    cluster: str = Field(default="", description="The node's cluster, or the run's.")
     node_name: str | None
     run_id: int | None
     attempt_id: int | None

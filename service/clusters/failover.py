@@ -19,7 +19,7 @@ copy is the only part a restart at home would not pay too, so it is the move's p
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -198,11 +198,15 @@ def decide(
     hardware: Collection[str],
     limit_s: float,
     checkpoint_readable: bool = True,
+    choose: Callable[[Sequence[OtherCluster]], OtherCluster | None] | None = None,
 ) -> FailoverDecision:
     """Stay, wait or move for a run of `need_nodes` nodes on `home`, which the service
     waits for `limit_s` (`failover_limit_s`) before it moves the run elsewhere.
     `checkpoint_readable` is False when the storage that holds the run's last trusted
-    checkpoint cannot be read now: only a cluster that mounts it may then take the run."""
+    checkpoint cannot be read now (or copies are not made): only a cluster that mounts it
+    may then take the run. `choose` picks among the clusters that fit (`fits`); the
+    service passes placement's own rule (reconcile/failover.py), which plans the run on
+    each; None: `choose_target`'s order."""
     if need_nodes < 1:
         raise ValueError(f"need_nodes must be at least 1, got {need_nodes}")
     why = why_it_cannot_run(
@@ -220,12 +224,18 @@ def decide(
         waited_s = home.short_for_s
     if waited_s < limit_s:
         return FailoverDecision(FailoverAction.WAIT, FailoverReason.WITHIN_LIMIT)
-    target = choose_target(
-        [o for o in others if o.name != home.name],
-        need_nodes=need_nodes,
-        hardware=hardware,
-        checkpoint_readable=checkpoint_readable,
-    )
+    fitting = [
+        o
+        for o in others
+        if o.name != home.name
+        and fits(
+            o, need_nodes=need_nodes, hardware=hardware, checkpoint_readable=checkpoint_readable
+        )
+    ]
+    if choose is not None:
+        target = choose(fitting) if fitting else None
+    else:
+        target = choose_target(fitting, need_nodes=need_nodes, hardware=hardware)
     if target is None:
         return FailoverDecision(FailoverAction.WAIT, FailoverReason.NO_CLUSTER_FITS)
     return FailoverDecision(FailoverAction.FAIL_OVER, why, target.name)

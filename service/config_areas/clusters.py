@@ -14,6 +14,7 @@ each:
     name = "runyard-dev-b"
     reach = "multicluster"         # `-M runyard-dev-b` through the shared slurmdbd
     spare_pool_target = 2
+    mounts = ["/shared"]           # a run moves here only with its checkpoint under these
 
 A file rather than one variable per field: a cluster is a record of several fields, and
 TOML is what a Slurm admin reads at a glance (a JSON list in one environment variable is
@@ -88,6 +89,26 @@ class ClusterConfig(BaseModel):
         "target, `runyard admin spares`).",
     )
 
+    mounts: tuple[Path, ...] | None = Field(
+        default=None,
+        description="Folders its nodes mount, at the same paths, from the filesystem that "
+        "holds runs' folders and checkpoints (None: all of it, one shared filesystem). A run "
+        "fails over to it only if its last trusted checkpoint lies under one of them.",
+    )
+
+    @model_validator(mode="after")
+    def _mounts_are_absolute(self) -> ClusterConfig:
+        relative = [str(m) for m in self.mounts or () if not m.is_absolute()]
+        if relative:
+            raise ValueError(f"mounts: {relative[0]} is not an absolute path")
+        return self
+
+    def mounts_path(self, path: Path) -> bool:
+        """Whether its nodes see `path` (a checkpoint's folder) where the service does."""
+        if self.mounts is None:
+            return True
+        return any(path == m or path.is_relative_to(m) for m in self.mounts)
+
     @model_validator(mode="after")
     def _slurm_conf_matches_reach(self) -> ClusterConfig:
         if self.reach is ClusterReach.SLURM_CONF and self.slurm_conf is None:
@@ -107,7 +128,7 @@ class ClustersSettings(AreaSettings):
 
     Which Slurm clusters the service drives when there is more than one: a TOML file of
     `[[cluster]]` tables (name, reach, slurm_conf, partition, hardware, network,
-    accelerator, topology, spare_pool_target; service/config_areas/clusters.py). Unset: one
+    accelerator, topology, spare_pool_target, mounts; service/config_areas/clusters.py). Unset: one
     cluster, the Slurm the cluster area reaches, named by its slurm.conf's ClusterName."""
 
     clusters_file: Path | None = Field(

@@ -53,6 +53,8 @@ class RecoveryAction(StrEnum):
     COUNT_AND_ESCALATE = "COUNT_AND_ESCALATE"  # likely the application: count, drain on repeats
     RESTART = "RESTART"  # a rank died or hung: restart, keep the node
     OBSERVE = "OBSERVE"  # record only
+    # The run's cluster cannot run it: continue on another cluster (reconcile/failover.py).
+    FAIL_OVER = "FAIL_OVER"
 
 
 class IncidentState(StrEnum):

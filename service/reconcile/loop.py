@@ -33,7 +33,15 @@ from service.models.base import utcnow
 from service.nodes.cluster_topology import record_topology
 from service.nodes.service import sync_from_slurm
 from service.observability.metrics import RECONCILE_DURATION, RECONCILE_LAST_TICK
-from service.reconcile import cancellation, placement, polling, preemption, submission, sweeps
+from service.reconcile import (
+    cancellation,
+    failover,
+    placement,
+    polling,
+    preemption,
+    submission,
+    sweeps,
+)
 from service.recovery import ended_jobs, lighthouse
 from service.recovery.classification import Classifier
 from service.recovery.hangs import check_hangs
@@ -171,6 +179,9 @@ class Reconciler:
             Step("node health", lambda d, s: check_nodes(settings, s, self.watching_since)),
             Step("heartbeat returns", lambda d, s: return_heartbeat_drains(settings, s, d.slurm)),
             Step("hangs", once=lambda names: check_hangs(settings, self.watching_since, names)),
+            # Once over every cluster, the silent ones too: a run whose cluster cannot run it
+            # moves before placement, which gives it nodes on its new cluster this tick.
+            Step("failover", once=lambda names: failover.fail_over_stranded_runs(settings)),
             Step("spares", lambda d, s: maintain_spares(settings, s, d.slurm)),
             Step("placement", lambda d, s: placement.place_pending(settings, s)),
             Step("preemption", lambda d, s: preemption.preempt_for_waiting_runs(s)),

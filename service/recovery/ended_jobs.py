@@ -9,6 +9,10 @@ on them waits, and its ranks may still write to the run's checkpoint folder. Thi
 derives what to cancel from Postgres each tick, so the scancel happens once it is needed,
 whichever path ended the attempt and however often the earlier try was lost.
 
+An attempt that failed over to another cluster (reconcile/failover.py) ended while its
+cluster did not answer: its job is cancelled when the cluster answers again, so the run's
+old copy does not train beside the new one.
+
 Not STOPPED attempts (preempted or at a segment's end: their jobs stop on their own, at a
 committed checkpoint) and not SUCCEEDED ones (their jobs are ending).
 """
@@ -19,6 +23,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
+from contract import StopReason
 from service.db import session_scope
 from service.models import Attempt, AttemptState, Run
 from service.models.base import utcnow
@@ -38,7 +43,10 @@ def cancel_jobs_of_ended_attempts(slurm: SlurmClient, within: timedelta = LOOK_B
             .where(
                 Attempt.state.in_(ENDED_BY_US),
                 Attempt.slurm_job_id.is_not(None),
-                Attempt.ended_at > utcnow() - within,
+                # An attempt that failed over left a cluster that may answer only days
+                # later: its job is cancelled then, however long ago it ended.
+                (Attempt.ended_at > utcnow() - within)
+                | (Attempt.stop_reason == StopReason.CLUSTER_FAILOVER),
                 Attempt.cluster == slurm.cluster_name,
             )
         ).all()

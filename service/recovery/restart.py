@@ -141,7 +141,7 @@ def _spend_restart(
     stops instead of burning spares forever. Returns True if the run will restart."""
     # Silent data corruption drains its node like a failed one, but only the run's own
     # report says so (recovery/claims.py): it is one of the run's max_restarts.
-    hardware = cause == StopReason.NODE_FAILURE
+    hardware = cause in (StopReason.NODE_FAILURE, StopReason.CLUSTER_FAILOVER)
     software_restarts = run.num_restarts - run.num_hardware_restarts
     if not hardware and software_restarts >= run.max_restarts:
         set_run_state(

@@ -21,6 +21,7 @@ the plans is pure, in service/clusters/choice.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -101,12 +102,18 @@ def candidates(settings: Settings, spec: RunSpec) -> tuple[ClusterConfig, ...]:
     return registry.clusters(settings)
 
 
-def read_facts(session: Session, settings: Settings, spec: RunSpec) -> list[ClusterFacts]:
-    """The facts of every candidate cluster, in a few queries."""
+def read_facts(
+    session: Session,
+    settings: Settings,
+    spec: RunSpec,
+    configs: Sequence[ClusterConfig] | None = None,
+) -> list[ClusterFacts]:
+    """The facts of every candidate cluster (or of `configs`: the clusters a run may fail
+    over to, reconcile/failover.py), in a few queries."""
     counts, targets = placement_counts(session), spare_targets(session)
     reach = reachability(session)
     facts = []
-    for config in candidates(settings, spec):
+    for config in candidates(settings, spec) if configs is None else configs:
         on = registry.planning_settings(settings, config)
         facts.append(
             ClusterFacts(

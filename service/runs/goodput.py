@@ -73,10 +73,13 @@ def _lost_time(started: Sequence[Attempt], checkpoints: Sequence[Checkpoint]) ->
     """The allocated time that trained no step that counts, by cause, attempt by attempt
     (`started`, in order): each one's start-up, the gap before the next one (charged to why
     this one stopped: a failure or a move, a preemption, a segment's time limit), what a
-    failure threw away (`_work_lost`), and what the checkpoint saves cost."""
+    failure threw away (`_work_lost`), and what the checkpoint saves cost. A move to another
+    cluster is charged whole (its gap, silence and work trained again) to its own cause."""
     committed_at = {c.step: c.committed_at for c in checkpoints if c.committed_at}
     recomputed = detection = resubmit = startup = preempted = segments = rolled_back = 0.0
+    failover = 0.0
     for i, attempt in enumerate(started):
+        moved = attempt.stop_reason == StopReason.CLUSTER_FAILOVER
         reported = attempt.last_progress_at is not None
         startup += seconds_between(
             attempt.started_at,
@@ -85,7 +88,9 @@ def _lost_time(started: Sequence[Attempt], checkpoints: Sequence[Checkpoint]) ->
         following = started[i + 1] if i + 1 < len(started) else None
         if following is not None:
             gap = seconds_between(attempt.ended_at, following.started_at)
-            if attempt.state != AttemptState.STOPPED:
+            if moved:
+                failover += gap
+            elif attempt.state != AttemptState.STOPPED:
                 resubmit += gap
             elif attempt.stop_reason == StopReason.PREEMPTED:
                 preempted += gap
@@ -96,6 +101,9 @@ def _lost_time(started: Sequence[Attempt], checkpoints: Sequence[Checkpoint]) ->
         work_lost = _work_lost(attempt, following, committed_at)
         if work_lost is not None:
             trained, unseen = work_lost
+            if moved:  # the whole move's cost in one figure: the gap, silence and redo
+                failover += trained + unseen
+                continue
             if attempt.stop_reason in (StopReason.ROLLED_BACK, StopReason.SDC):
                 rolled_back += trained
             else:
@@ -110,6 +118,7 @@ def _lost_time(started: Sequence[Attempt], checkpoints: Sequence[Checkpoint]) ->
         startup_and_load_s=startup,
         checkpoint_stalls_s=sum(map(checkpoint_stall_s, checkpoints)),
         rolled_back_s=rolled_back,
+        cluster_failover_s=failover,
     )
 
 

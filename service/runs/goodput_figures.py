@@ -39,6 +39,12 @@ class LostTime(BaseModel):
         "non-finite value resumed from (service/runs/rollback.py): thrown away, not "
         "recomputed (their data is skipped).",
     )
+    cluster_failover_s: float = Field(
+        default=0.0,
+        description="Moves to another cluster after the run's own could not run it "
+        "(service/reconcile/failover.py): from the last step on the old cluster to the start "
+        "on the new one, and the steps since the last checkpoint, trained again.",
+    )
     degraded_s: float = Field(
         default=0.0,
         description="Replica groups: time the run trained with fewer groups while a failed "
@@ -58,6 +64,7 @@ class LostTime(BaseModel):
             + self.preempted_s
             + self.segment_boundaries_s
             + self.rolled_back_s
+            + self.cluster_failover_s
             + self.degraded_s
         )
 

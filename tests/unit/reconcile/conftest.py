@@ -21,7 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import service.db
 from service.auth.principal import Principal
+from service.clusters import registry
 from service.config import Settings
+from service.config_areas.clusters import ClusterConfig, ClusterReach
 from service.db import session_scope
 from service.models import Attempt, Incident, Node, Role, Run, RunEvent, UserLink
 from service.reconcile import placement, submission
@@ -32,7 +34,7 @@ from service.recovery.signals import SignalIn, ingest_node_events
 from service.runs import repository
 from service.runs.schemas import RunSpec
 from service.runs.service import create_run
-from service.slurm.fake import FakeSlurm
+from service.slurm.fake import DEFAULT_FAKE_CLUSTER, FakeSlurm
 from service.slurm.snapshot import take_snapshot
 from service.worker_protocol.schemas import (
     CheckpointReport,
@@ -43,6 +45,7 @@ from service.worker_protocol.schemas import (
 from service.workers import service as workers
 from tests.fixtures.rows import checkpoint_path
 
+OTHER = "runyard-dev-b"  # the second cluster of `two`
 PREFIX = "runyard-unit"  # the Slurm job prefix; the fake cluster's nodes are unit001, ...
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 
@@ -233,3 +236,20 @@ def cluster(db: sessionmaker[Session], settings: Settings) -> Cluster:
     cluster = Cluster(settings, slurm)
     cluster.set_spares(0)
     return cluster
+
+
+@pytest.fixture
+def two(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """The fixture's cluster and a second one of the same shape, both configured and both
+    driven by the fixture's reconciler."""
+    configs = (
+        ClusterConfig(name=DEFAULT_FAKE_CLUSTER, reach=ClusterReach.LOCAL, accelerator="cpu"),
+        ClusterConfig(name=OTHER, accelerator="cpu"),
+    )
+    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
+    other = FakeSlurm.cluster(
+        num_switches=2, nodes_per_switch=3, num_gpus=1, prefix="unit", cluster_name=OTHER
+    )
+    cluster.reconciler = Reconciler(cluster.settings, cluster.slurm, other)
+    cluster.tick()  # both clusters' nodes synced: placement weighs them
+    return other

@@ -10,36 +10,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from service.clusters import reachability, registry
+from service.clusters import reachability
 from service.clusters.failover import FailoverReason
 from service.clusters.stranded import StrandedRun, stranded_runs
-from service.config_areas.clusters import ClusterConfig, ClusterReach
 from service.db import session_scope
 from service.models import Node, NodeState, RunState
 from service.models.base import utcnow
 from service.reconcile.loop import NoClusterAnswered, Reconciler
 from service.slurm.cli import CliSlurmClient
 from service.slurm.fake import DEFAULT_FAKE_CLUSTER, FakeSlurm
-from tests.unit.reconcile.conftest import Cluster
-
-OTHER = "runyard-dev-b"
-
-
-@pytest.fixture
-def two(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    """The fixture's cluster and a second one of the same shape, both configured and both
-    driven by the fixture's reconciler."""
-    configs = (
-        ClusterConfig(name=DEFAULT_FAKE_CLUSTER, reach=ClusterReach.LOCAL, accelerator="cpu"),
-        ClusterConfig(name=OTHER, accelerator="cpu"),
-    )
-    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
-    other = FakeSlurm.cluster(
-        num_switches=2, nodes_per_switch=3, num_gpus=1, prefix="unit", cluster_name=OTHER
-    )
-    cluster.reconciler = Reconciler(cluster.settings, cluster.slurm, other)
-    cluster.tick()  # both clusters' nodes synced: placement weighs them
-    return other
+from tests.unit.reconcile.conftest import OTHER, Cluster
 
 
 def reach_of(name: str) -> reachability.Reachability | None:
