@@ -365,7 +365,7 @@ def losses(client: RunyardClient, run_id: int, attempt_id: int | None = None) ->
     """Step -> reported loss of the run (of one of its attempts, if given)."""
     return {
         m["step"]: m["loss"]
-        for m in client.run_metrics(run_id)
+        for m in client.run_metrics(run_id, limit=10_000)  # the API's largest page
         if attempt_id is None or m["attempt_id"] == attempt_id
     }
 
