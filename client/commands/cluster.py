@@ -37,6 +37,8 @@ def list_(json: bool = JSON) -> None:
     console.print("[dim]* the default cluster: runs that name none go there[/dim]")
     unreachable = [c for c in clusters if c["state"] != "reachable"]
     for c in unreachable:
-        console.print(f"{c['name']}: unreachable: {c['detail']}", highlight=False)
+        since = c.get("unreachable_since")
+        when = f" since {since[:19].replace('T', ' ')} UTC" if since else ""
+        console.print(f"{c['name']}: unreachable{when}: {c['detail']}", highlight=False)
     if unreachable:
         hint("runyard doctor; check that cluster's slurmctld (docs/operations.md)")

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from service.auth.deps import USERS
 from service.clusters import repository
+from service.clusters.reachability import Reachability, reachability
 from service.clusters.registry import ClusterProbe, default_cluster, probe_clusters
 from service.clusters.schemas import ClusterOut
 from service.config import get_settings
@@ -22,8 +23,9 @@ def list_clusters(session: SessionDep) -> list[ClusterOut]:
     probes = probe_clusters(settings)
     counts = repository.node_counts(session)
     targets = repository.spare_targets(session)
+    reach = reachability(session)
     default = default_cluster(settings).name
-    return [cluster_out(p, counts, targets, default) for p in probes]
+    return [cluster_out(p, counts, targets, default, reach.get(p.config.name)) for p in probes]
 
 
 def cluster_out(
@@ -31,6 +33,7 @@ def cluster_out(
     counts: dict[str, repository.NodeCounts],
     targets: dict[str, int],
     default: str,
+    reach: Reachability | None = None,
 ) -> ClusterOut:
     config = probe.config
     nodes = counts.get(config.name, repository.NodeCounts())
@@ -41,6 +44,7 @@ def cluster_out(
         state=probe.state,
         slurm_version=probe.slurm_version,
         detail=probe.detail,
+        unreachable_since=reach.unreachable_since if reach else None,
         partition=config.partition,
         hardware=config.hardware,
         num_nodes=nodes.num_nodes,

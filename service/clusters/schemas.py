@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, Field
 
 from service.clusters.registry import ClusterState
@@ -18,6 +20,11 @@ class ClusterOut(BaseModel):
     state: ClusterState = Field(description="Whether its slurmctld answered just now.")
     slurm_version: str | None = Field(description="slurmctld's version; None: unreachable.")
     detail: str = Field(default="", description="Why unreachable, in Slurm's words.")
+    unreachable_since: datetime | None = Field(
+        default=None,
+        description="Since when the reconciler has had no answer from its slurmctld (None: "
+        "it answered the last read); runs wait this long before they fail over.",
+    )
     partition: str
     hardware: str
     num_nodes: int = Field(description="Nodes runyard knows on it.")

@@ -81,6 +81,19 @@ def test_the_cluster_list_counts_each_clusters_nodes(api: Any, db_session: Sessi
 
 
 @pytest.mark.usefixtures("two_clusters")
+def test_the_cluster_list_says_since_when_a_cluster_is_silent(
+    api: Any, db_session: Session
+) -> None:
+    with db_session.begin_nested():
+        since = reachability.record_unreachable(
+            db_session, OTHER, utcnow() - timedelta(minutes=3), "slurmctld not responding"
+        )
+    here, there = api.get("/v1/clusters").json()
+    assert here["unreachable_since"] is None
+    assert there["unreachable_since"].startswith(f"{since:%Y-%m-%dT%H:%M:%S}")
+
+
+@pytest.mark.usefixtures("two_clusters")
 def test_an_unknown_cluster_is_refused_naming_the_known_ones(api: Any) -> None:
     for response in (
         api.get("/v1/nodes", params={"cluster": "nowhere"}),
