@@ -110,6 +110,18 @@ def forget_cluster(database_url: str, name: str) -> None:
         engine.dispose()
 
 
+def refuse(
+    client: RunyardClient, spec: dict[str, object], status: int, code: str, *words: str
+) -> None:
+    """The submission is refused with `status` and `code`, its detail naming `words`."""
+    with pytest.raises(ApiError) as refused:
+        client.submit_run(spec)
+    error = refused.value
+    assert error.status == status and isinstance(error.body, dict), error
+    assert error.body["error"] == code, error.body
+    assert all(w in error.body["detail"] for w in words), error.body["detail"]
+
+
 def bring_back(first: DevCluster, member: DevCluster) -> None:
     """The powered-off cluster's slurmctld and slurmds started again, on their saved state."""
     shape = cluster.saved_shape(first)
@@ -182,6 +194,13 @@ def test_two_runs_recover_on_their_own_clusters_and_one_fails_over_when_its_clus
     first, second = slurm_cluster.cluster_name, second_cluster.cluster_name
     first_conf, second_conf = str(slurm_cluster.slurm_conf), str(second_cluster.slurm_conf)
 
+    # Bad input, refused before anything is queued: a cluster the service does not drive,
+    # and one pinned that cannot hold the spec, each named with why.
+    refuse(client, tiny_spec("nowhere", cluster="nowhere"), 422, "unknown_cluster",
+           "'nowhere'", f"{first}, {second}")  # fmt: skip
+    refuse(client, tiny_spec("too-big", cluster=second, nodes=9, global_batch=18), 422,
+           "cluster_cannot_run", f"'{second}'", "it has 8 nodes, the spec asks for 9")  # fmt: skip
+
     # The pinned run goes where its spec says.
     pinned = client.submit_run(tiny_spec("pinned-first", cluster=first, steps=900))
     assert pinned["cluster"] == first
@@ -248,6 +267,9 @@ def test_two_runs_recover_on_their_own_clusters_and_one_fails_over_when_its_clus
         ),
         timeout_s=120,
     )
+    # A run pinned to the silent cluster is refused at submit, saying since when.
+    refuse(client, tiny_spec("pinned-b", cluster=second), 409, "cluster_unreachable",
+           f"'{second}'", "has not answered since")  # fmt: skip
     trained_before = losses(client, chosen["id"], old["id"])  # every step it reported
     ended_old = next(a for a in moved["attempts"] if a["id"] == old["id"])
     assert (ended_old["state"], ended_old["stop_reason"]) == ("FAILED", "cluster_failover")
