@@ -12,7 +12,7 @@ import typer
 from client.doctor.hooks import check_hooks
 from client.doctor.identity import check_identity
 from client.doctor.result import Area, Check, SiteSettings, Status
-from client.doctor.site import check_agents, check_filesystem, check_postgres
+from client.doctor.site import check_agents, check_clusters, check_filesystem, check_postgres
 from client.doctor.slurm import check_slurm
 from client.doctor.wire import check_wire
 from client.output import Exit, console, fail, print_json, print_table
@@ -28,6 +28,7 @@ def run_checks(settings: SiteSettings, areas: set[Area]) -> list[Check]:
         checks += check_slurm(settings)
         slurm_up = checks[0].status is not Status.FAIL
         checks += check_hooks(settings, slurm_up)  # what slurmd runs as root
+        checks += check_clusters(settings)  # each further cluster, as the service reaches it
     if Area.POSTGRES in areas:
         checks += check_postgres(settings)
     if Area.FILESYSTEM in areas:

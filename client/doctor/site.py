@@ -19,7 +19,7 @@ from client.devcluster.paths import REPO_ROOT
 from client.doctor.database import bare_conninfo, check_local_users_refused
 from client.doctor.result import Area, Check, SiteSettings, Status, failed, passed, skipped
 
-PG, FS, AGENTS = Area.POSTGRES, Area.FILESYSTEM, Area.AGENTS
+PG, FS, AGENTS, SLURM = Area.POSTGRES, Area.FILESYSTEM, Area.AGENTS, Area.SLURM
 PROBE_TIMEOUT_S = 60
 
 
@@ -202,7 +202,13 @@ def check_agents(settings: SiteSettings, client: RunyardClient | None = None) ->
             ),
         ]
     limit = settings.heartbeat_max_age_s
-    ages = {n["name"]: _age_s(n.get("last_heartbeat_at")) for n in nodes}
+    several = len({n.get("cluster") for n in nodes}) > 1  # node names repeat across clusters
+    ages = {
+        (f"{n['cluster']}/{n['name']}" if several else n["name"]): _age_s(
+            n.get("last_heartbeat_at")
+        )
+        for n in nodes
+    }
     never = sorted(n for n, a in ages.items() if a is None)
     stale = sorted(n for n, a in ages.items() if a is not None and a > limit)
     if not never and not stale:
@@ -219,3 +225,37 @@ def check_agents(settings: SiteSettings, client: RunyardClient | None = None) ->
             "runyard-agent` (token, RUNYARD_URL); docs/install.md step 7",
         ),
     ]
+
+
+def check_clusters(settings: SiteSettings, client: RunyardClient | None = None) -> list[Check]:
+    """Each further cluster the service drives (a clusters file): its controller answers
+    the service, and with which Slurm. The local one is the Slurm area's own checks; a
+    site of one cluster gets none of these. The service asks each (GET /v1/clusters), as
+    it reaches them: `-M` through the shared slurmdbd, or a slurm.conf of their own."""
+    client = client or settings.client()
+    try:
+        clusters = client.list_clusters()
+    except ApiError:
+        return []  # the agents area says what is wrong with the service
+    if len(clusters) < 2:
+        return []
+    checks = []
+    for cluster in clusters:
+        name = f"cluster {cluster['name']}"
+        if cluster["state"] == "reachable":
+            nodes = f"{cluster['num_healthy']}/{cluster['num_nodes']} nodes healthy"
+            checks.append(passed(SLURM, name, f"Slurm {cluster['slurm_version']}, {nodes}"))
+            continue
+        since = cluster.get("unreachable_since")
+        when = f" since {since[:19].replace('T', ' ')} UTC" if since else ""
+        checks.append(
+            failed(
+                SLURM,
+                name,
+                f"its slurmctld does not answer the service{when}: {cluster['detail']}",
+                f"check that cluster's slurmctld and `sinfo -M {cluster['name']}` from the "
+                "service's host as its user; its runs fail over past RUNYARD_FAILOVER_AFTER_S "
+                "(docs/install.md, Several Slurm clusters)",
+            )
+        )
+    return checks
