@@ -261,12 +261,14 @@ class RunyardClient:
         role: str,
         node_name: str | None = None,
         expires_in_days: int | None = None,
+        cluster: str | None = None,
     ) -> dict[str, Any]:
         body = {
             "user": user,
             "team": team,
             "role": role,
             "node_name": node_name,
+            **({"cluster": cluster} if cluster else {}),
             "expires_in_days": expires_in_days,
         }
         return self._call("POST", "/v1/admin/tokens", json=body)

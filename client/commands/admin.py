@@ -21,11 +21,14 @@ def token_create(
     team: str = typer.Option(...),
     role: str = typer.Option(..., help="user, admin or agent"),
     node: str | None = typer.Option(None, help="The node an agent token speaks for."),
+    cluster: str | None = typer.Option(
+        None, help="That node's cluster (default: the service's default cluster)."
+    ),
     expires_in_days: int | None = typer.Option(None),
     json: bool = JSON,
 ) -> None:
     """Create a token; its secret is printed this once."""
-    created = call(lambda c: c.create_token(user, team, role, node, expires_in_days))
+    created = call(lambda c: c.create_token(user, team, role, node, expires_in_days, cluster))
     if json:
         return print_json(created)
     console.print(f"token {created['id']} for {user} ({team}, {role}):")

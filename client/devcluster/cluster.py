@@ -743,6 +743,7 @@ def agent_tokens(on: DevCluster, nodes: list[str]) -> list[dict[str, object]]:
             "team": "ops",
             "role": "agent",
             "node": node,
+            "cluster": on.cluster_name,
             "out": on.agent_token_file(node),
         }
         for node in nodes

@@ -130,6 +130,11 @@ def create_token(body: TokenCreate, session: SessionDep, principal: PrincipalDep
         raise InvalidSpec("role: worker tokens are minted by the service for each attempt")
     if (body.role == Role.AGENT) != (body.node_name is not None):
         raise InvalidSpec("node_name: give it for agent tokens, and only for them")
+    if body.cluster is not None and body.node_name is None:
+        raise InvalidSpec("cluster: give it for agent tokens (with node_name), and only for them")
+    # The cluster by name (UnknownCluster, 422, names the known ones): an agent's node is
+    # (cluster, name), its token bound to both.
+    on = find_cluster(get_settings(), body.cluster).name if body.node_name else None
     expires = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     row, secret = auth.create_token(
         session,
@@ -137,6 +142,7 @@ def create_token(body: TokenCreate, session: SessionDep, principal: PrincipalDep
         team=body.team,
         role=body.role,
         node_name=body.node_name,
+        node_cluster=on,
         expires_at=expires,
     )
     auth.audit(

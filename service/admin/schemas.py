@@ -69,6 +69,12 @@ class TokenCreate(BaseModel):
         max_length=64,
         description="Required for agent tokens: the node it speaks for.",
     )
+    cluster: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Agent tokens: the node's cluster (default: the default cluster); node "
+        "names repeat across clusters.",
+    )
     expires_in_days: int | None = Field(default=None, ge=1, le=3650)
 
 

@@ -9,6 +9,7 @@ from service.agents.deps import ClassifierDep
 from service.agents.service import ingest_events
 from service.auth.deps import AgentDep
 from service.clusters.deps import ClusterQuery, cluster_name
+from service.clusters.registry import default_cluster
 from service.config import get_settings
 from service.db import EVENT_BATCHES, LIVENESS
 from service.errors import NotFound
@@ -30,8 +31,8 @@ async def heartbeat(
     name: str, beat: Heartbeat, principal: AgentDep, cluster: ClusterQuery = None
 ) -> None:
     """A health agent says its node is alive; the 204 comes once that is committed."""
-    principal.require_node(name)
     on = cluster_name(cluster)  # the agent's --cluster: node names repeat across clusters
+    principal.require_node(on, name, default_cluster(get_settings()).name)
     if not await HEARTBEATS.submit((on, name)):
         raise NotFound(f"no node named '{name}' on cluster {on}; `runyard node list` shows them")
 
@@ -45,6 +46,6 @@ async def post_events(
     cluster: ClusterQuery = None,
 ) -> EventBatchAck:
     """Signals an agent saw on its node; stored once each, classified, acted on."""
-    principal.require_node(name)
     on = cluster_name(cluster)
+    principal.require_node(on, name, default_cluster(get_settings()).name)
     return await EVENT_BATCHES.run(ingest_events, on, name, batch, get_settings(), classifier)

@@ -28,23 +28,34 @@ from service.identity.service import check_unix_user
 from service.models import ApiToken, Role, TokenOrigin, UserLink
 
 
-def token_file_is_valid(session: Session, path: Path) -> bool:
+def token_file_is_valid(session: Session, path: Path, node_cluster: str | None = None) -> bool:
+    """`path` holds a live token (for `node_cluster`'s node, where one is named: an agent
+    token minted before its cluster was named is minted again)."""
     if not path.exists():
         return False
     row = session.scalars(
         select(ApiToken).where(ApiToken.token_hash == hash_token(path.read_text().strip()))
     ).one_or_none()
-    return row is not None and row.revoked_at is None and row.expires_at is None
+    if row is None or row.revoked_at is not None or row.expires_at is not None:
+        return False
+    return node_cluster is None or row.node_cluster == node_cluster
 
 
 def mint_token_file(
-    database_url: str, path: Path, *, user: str, team: str, role: Role, node_name: str | None = None
+    database_url: str,
+    path: Path,
+    *,
+    user: str,
+    team: str,
+    role: Role,
+    node_name: str | None = None,
+    node_cluster: str | None = None,
 ) -> bool:
     """Write a new token to `path` (mode 0600) unless it already holds a valid one."""
     engine = create_engine(database_url)
     try:
         with Session(engine) as session, session.begin():
-            if token_file_is_valid(session, path):
+            if token_file_is_valid(session, path, node_cluster):
                 return False
             _, secret = create_token(
                 session,
@@ -52,6 +63,7 @@ def mint_token_file(
                 team=team,
                 role=role,
                 node_name=node_name,
+                node_cluster=node_cluster,
                 origin=TokenOrigin.BOOTSTRAP,
             )
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +102,7 @@ def _mint_and_say(database_url: str, wanted: dict[str, str | None]) -> None:
         team=str(wanted["team"]),
         role=Role(str(wanted["role"])),
         node_name=wanted.get("node"),
+        node_cluster=wanted.get("cluster"),
     )
     print(f"{'wrote a new token to' if made else 'kept the valid token in'} {out}")
 

@@ -78,6 +78,7 @@ def _principal(row: Row[Any], attempts: dict[int, AttemptState], now: datetime) 
         team=row.team,
         role=row.role,
         node_name=row.node_name,
+        node_cluster=row.node_cluster,
         run_id=row.run_id,
         attempt_id=row.attempt_id,
     )

@@ -32,6 +32,7 @@ class Principal:
     team: str
     role: Role
     node_name: str | None = None
+    node_cluster: str | None = None  # an agent's node's cluster; None: the default one
     run_id: int | None = None
     attempt_id: int | None = None
 
@@ -44,10 +45,17 @@ class Principal:
             allowed = " or ".join(r.value for r in roles)
             raise Forbidden(f"this needs a {allowed} token; yours is a {self.role.value} token")
 
-    def require_node(self, name: str) -> None:
-        """Agents speak only for their own node (admins for any)."""
-        if self.role == Role.AGENT and self.node_name != name:
-            raise Forbidden(f"this agent token belongs to node {self.node_name}, not {name}")
+    def require_node(self, cluster: str, name: str, default_cluster: str) -> None:
+        """Agents speak only for their own node of their own cluster (admins for any): node
+        names repeat across clusters. A token that names no cluster is the default one's."""
+        if self.role != Role.AGENT:
+            return
+        own = self.node_cluster or default_cluster
+        if (own, self.node_name) != (cluster, name):
+            raise Forbidden(
+                f"this agent token belongs to node {self.node_name} of cluster {own}, "
+                f"not {name} of {cluster}"
+            )
 
     def require_attempt(self, attempt_id: int) -> None:
         """Worker tokens are scoped to one attempt (admins may act for any)."""

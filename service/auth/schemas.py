@@ -23,6 +23,9 @@ class TokenOut(BaseModel):
         description="How it was made: admin (automation), bootstrap, login, service."
     )
     node_name: str | None
+    node_cluster: str | None = Field(
+        default=None, description="An agent token's node's cluster (None: the default one)."
+    )
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None

@@ -27,7 +27,8 @@ from service.models.base import utcnow
 _tokens = cast(Table, ApiToken.__table__)
 _attempts = cast(Table, Attempt.__table__)
 _TOKEN_COLUMNS = (
-    "id token_hash user team role node_name run_id attempt_id origin expires_at revoked_at "
+    "id token_hash user team role node_name node_cluster run_id attempt_id origin expires_at "
+    "revoked_at "
     "last_used_at"
 )
 # Built once, Core columns and no ORM objects: they run for every group of tokens that the
@@ -86,6 +87,7 @@ def create_token(
     team: str,
     role: Role,
     node_name: str | None = None,
+    node_cluster: str | None = None,
     run_id: int | None = None,
     attempt_id: int | None = None,
     expires_at: datetime | None = None,
@@ -102,6 +104,7 @@ def create_token(
         team=team,
         role=role,
         node_name=node_name,
+        node_cluster=node_cluster,
         run_id=run_id,
         attempt_id=attempt_id,
         expires_at=expires_at,

@@ -57,6 +57,9 @@ class ApiToken(Base):
         )
     )
     node_name: Mapped[str | None] = mapped_column(String(64))  # agent tokens
+    # The agent's node's cluster: node names repeat across clusters. None on a token minted
+    # before clusters were configurable: the default cluster's node.
+    node_cluster: Mapped[str | None] = mapped_column(String(64))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     attempt_id: Mapped[int | None] = mapped_column(
         ForeignKey("attempts.id", ondelete="CASCADE"), index=True

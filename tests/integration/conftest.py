@@ -413,7 +413,7 @@ class Agents:
         token_file = self.root / node / "agent.token"
         if not token_file.exists():
             created = self.service.client().create_token(
-                user=f"agent-{node}", team="ops", role="agent", node_name=node
+                user=f"agent-{node}", team="ops", role="agent", node_name=node, cluster=self.cluster
             )
             token_file.write_text(created["token"])
         env = {**os.environ, "RUNYARD_AGENT_TOKEN": token_file.read_text().strip()}

@@ -300,6 +300,39 @@ def test_agent_speaks_only_for_its_node(app: Any, world: World) -> None:
     assert own.status_code == 204
 
 
+def test_an_agent_speaks_only_for_its_node_of_its_own_cluster(
+    app: Any, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node names repeat across clusters: an agent token is bound to (cluster, node)."""
+    from service.clusters import registry
+    from service.config_areas.clusters import ClusterConfig, ClusterReach
+
+    configs = (
+        ClusterConfig(name="default", reach=ClusterReach.LOCAL),
+        ClusterConfig(name="runyard-dev-b"),
+    )
+    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
+    beat = "/v1/nodes/gpu001/heartbeat"
+    # The world's agent token names no cluster: the default cluster's gpu001.
+    there = call(app, world.tokens["agent"], "POST", f"{beat}?cluster=runyard-dev-b", json={})
+    assert there.status_code == 403, there.text
+    assert "gpu001 of cluster default, not gpu001 of runyard-dev-b" in there.json()["detail"]
+    wanted = {"user": "agent-b", "team": "ops", "role": "agent", "node_name": "gpu001"}
+    made = call(app, world.tokens["admin"], "POST", "/v1/admin/tokens",
+                json={**wanted, "cluster": "runyard-dev-b"})  # fmt: skip
+    assert made.status_code == 201 and made.json()["node_cluster"] == "runyard-dev-b", made.text
+    on_b = made.json()["token"]
+    assert call(app, on_b, "POST", beat, json={}).status_code == 403  # the default's gpu001
+    own = call(app, on_b, "POST", f"{beat}?cluster=runyard-dev-b", json={})
+    assert own.status_code == 404 and "on cluster runyard-dev-b" in own.json()["detail"]
+    unknown = call(app, world.tokens["admin"], "POST", "/v1/admin/tokens",
+                   json={**wanted, "cluster": "nowhere"})  # fmt: skip
+    assert unknown.status_code == 422 and unknown.json()["error"] == "unknown_cluster"
+    user_on_b = {"user": "u", "team": "ops", "role": "user", "cluster": "runyard-dev-b"}
+    stray = call(app, world.tokens["admin"], "POST", "/v1/admin/tokens", json=user_on_b)
+    assert stray.status_code == 422 and "cluster" in stray.json()["detail"]
+
+
 def test_worker_token_is_scoped_to_its_attempt(app: Any, world: World) -> None:
     other = call(
         app, world.tokens["worker"], "GET", f"/v1/worker/attempts/{world.other_attempt_id}/config"
