@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.clusters.reachability import reachability
 from service.clusters.registry import cluster_names
 from service.config import Settings, get_settings
 from service.models import Attempt, Incident, Node, NodeState, Run, RunState
@@ -68,6 +69,7 @@ class StateCollector(Collector):
         yield runs
 
         yield from self._nodes(session)
+        yield from self._clusters(session)
 
         yield from self._heartbeats(session)
         yield from self._slow_nodes(session)
@@ -103,6 +105,28 @@ class StateCollector(Collector):
             target.add_metric([cluster], get_target(session, cluster, configured))
         yield spares
         yield target
+
+    def _clusters(self, session: Session) -> Iterator[Metric]:
+        """Each configured cluster's controller as the reconciler last read it (Postgres):
+        answering or not, and for how long not; its runs fail over past the site's limit."""
+        reachable = _gauge(
+            "runyard_cluster_reachable",
+            "1 while the cluster's slurmctld answered the reconciler's last read, else 0.",
+            ["cluster"],
+        )
+        silent = _gauge(
+            "runyard_cluster_unreachable_seconds",
+            "Seconds since the cluster's slurmctld last answered the reconciler (0 when it "
+            "answers); its runs move to another cluster past RUNYARD_FAILOVER_AFTER_S.",
+            ["cluster"],
+        )
+        reach, now = reachability(session), utcnow()
+        for cluster in cluster_names(get_settings()):
+            since = reach[cluster].unreachable_since if cluster in reach else None
+            reachable.add_metric([cluster], 0.0 if since else 1.0)
+            silent.add_metric([cluster], (now - since).total_seconds() if since else 0.0)
+        yield reachable
+        yield silent
 
     def _heartbeats(self, session: Session) -> Iterator[Metric]:
         lag = _gauge(

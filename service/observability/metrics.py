@@ -62,8 +62,9 @@ NODE_TRANSITIONS = Counter(
 )
 INCIDENTS_OPENED = Counter(
     "runyard_incidents_opened",
-    "Failure signals runyard acted on (one incident each), by signal and recovery action.",
-    ["signal", "action"],
+    "Failure signals runyard acted on (one incident each), by cluster (the node's, or the "
+    "run's), signal and recovery action.",
+    ["cluster", "signal", "action"],
     registry=REGISTRY,
 )
 RECOVERY_DURATION = Histogram(
@@ -141,8 +142,8 @@ def count_node_transition(cluster: str, node: str, to_state: str) -> None:
     NODE_TRANSITIONS.labels(cluster=cluster, node=node, to_state=to_state).inc()
 
 
-def count_incident(signal: str, action: str) -> None:
-    INCIDENTS_OPENED.labels(signal=signal, action=action).inc()
+def count_incident(cluster: str, signal: str, action: str) -> None:
+    INCIDENTS_OPENED.labels(cluster=cluster, signal=signal, action=action).inc()
 
 
 def register_state_collector(collector: Collector) -> None:

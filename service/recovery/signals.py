@@ -68,7 +68,7 @@ def open_incident(
     session.add(incident)
     session.flush()
     outbox.on_incident_opened(session, incident)  # the touched runs' teams are told
-    metrics.count_incident(signal, action.value)
+    metrics.count_incident(cluster, signal, action.value)
     metrics.observe_incident(incident, "detect")
     return incident
 

@@ -238,3 +238,28 @@ def test_an_endpoint_logs_with_the_ids_of_its_path(api: Any) -> None:
     request = json.loads(access.getvalue().splitlines()[-1])
     assert request["run_id"] == 42 and request["route"] == "/v1/runs/{run_id}/probe-log"
     assert request["status_code"] == 200 and request["duration_ms"] > 0
+
+
+def test_each_clusters_controller_is_a_gauge(
+    db_session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runyard_cluster_reachable and _unreachable_seconds, per configured cluster, from
+    the reachability the reconciler keeps in Postgres."""
+    from service.clusters import reachability, registry
+    from service.config_areas.clusters import ClusterConfig, ClusterReach
+
+    configs = (
+        ClusterConfig(name="default", reach=ClusterReach.LOCAL),
+        ClusterConfig(name="runyard-dev-b"),
+    )
+    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
+    with db_session.begin_nested():
+        reachability.record_unreachable(
+            db_session, "runyard-dev-b", utcnow() - timedelta(minutes=5), "not responding"
+        )
+    scraped = scrape_state(db_session)
+    assert scraped[("runyard_cluster_reachable", (("cluster", "default"),))] == 1.0
+    assert scraped[("runyard_cluster_reachable", (("cluster", "runyard-dev-b"),))] == 0.0
+    assert scraped[("runyard_cluster_unreachable_seconds", (("cluster", "default"),))] == 0.0
+    silent = scraped[("runyard_cluster_unreachable_seconds", (("cluster", "runyard-dev-b"),))]
+    assert 300 <= silent < 400
