@@ -27,7 +27,8 @@ is cancelled there by the step that cancels the jobs of ended attempts
 (reconcile/placement.py), and a rank that still reports is refused (its attempt ended):
 no second copy of the run trains.
 
-A run whose spec pins its cluster stays on it: the user chose that cluster.
+A run whose spec pins its cluster stays on it (the user chose that cluster), and so does a
+sweep's member (its sweep is one job array on one cluster).
 """
 
 from __future__ import annotations
@@ -149,16 +150,27 @@ def judge(session: Session, settings: Settings, item: StrandedRun) -> FailoverDe
         checkpoint_readable=False,  # copies are not made: only a cluster that mounts it
         choose=chooser,
     )
-    pinned = run.spec.get("cluster") is not None
-    if decision.action is FailoverAction.FAIL_OVER and not pinned:
+    stays = why_it_stays(run)
+    if decision.action is FailoverAction.FAIL_OVER and not stays:
         assert decision.target is not None
         target = configs[decision.target]
         # Planned again there: a layout of its own where the GPUs differ (resharded).
         resharded = target.hardware != configs[run.cluster].hardware
         move(session, run, item, target, chooser.chosen if resharded else None, checkpoint, now)
     elif decision.action is not FailoverAction.STAY:
-        say_stranded(session, run, item, decision, pinned)
+        say_stranded(session, run, item, decision, stays)
     return decision
+
+
+def why_it_stays(run: Run) -> str:
+    """Why a run the rule would move stays on its cluster ("": it moves): its spec pins the
+    cluster (the user chose it), or it is a sweep's member (a sweep's runs are one job
+    array on one cluster, reconcile/sweeps.py; the members wait for it together)."""
+    if run.spec.get("cluster") is not None:
+        return "pinned by its spec"
+    if run.sweep_id is not None:
+        return "a sweep's member: its array is on this cluster"
+    return ""
 
 
 def home_of(run: Run, item: StrandedRun, settings: Settings, now: datetime) -> RunCluster:
@@ -202,10 +214,10 @@ def other_of(
 
 
 def say_stranded(
-    session: Session, run: Run, item: StrandedRun, decision: FailoverDecision, pinned: bool
+    session: Session, run: Run, item: StrandedRun, decision: FailoverDecision, stays: str
 ) -> None:
     """One event per stranding and reason: why the run waits for its cluster."""
-    why = "pinned by its spec" if pinned and decision.action is FailoverAction.FAIL_OVER else ""
+    why = stays if decision.action is FailoverAction.FAIL_OVER else ""
     key = f"{item.reason.value}:{decision.reason.value}:{why}:{item.unreachable_since}"
     if run.config.get(STRANDED_KEY) == key:
         return

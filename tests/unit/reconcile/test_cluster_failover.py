@@ -31,6 +31,7 @@ from service.models import (
     RunState,
 )
 from service.models.base import utcnow
+from service.reconcile.failover import why_it_stays
 from service.reconcile.loop import Reconciler
 from service.runs import repository
 from service.runs.goodput import compute_goodput
@@ -264,3 +265,9 @@ def test_a_site_of_one_cluster_judges_nothing(cluster: Cluster) -> None:
         session.execute(update(Node).values(state=NodeState.DRAINED))
     cluster.tick(2)
     assert not kinds(cluster, run_id, "run.stranded")
+
+
+def test_a_pinned_run_and_a_sweeps_member_stay_others_move() -> None:
+    assert why_it_stays(Run(spec={"cluster": OTHER}, sweep_id=None)) == "pinned by its spec"
+    assert "sweep's member" in why_it_stays(Run(spec={"cluster": None}, sweep_id=3))
+    assert why_it_stays(Run(spec={}, sweep_id=None)) == ""
