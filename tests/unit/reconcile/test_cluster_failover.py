@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -81,6 +82,17 @@ def silence(two: FakeSlurm, run_id: int, ago: timedelta) -> None:
     with session_scope() as session:
         reachability.record_unreachable(session, OTHER, since, "slurmctld not responding")
         session.execute(update(Run).where(Run.id == run_id).values(last_progress_at=since))
+
+
+def first_cluster_is(monkeypatch: pytest.MonkeyPatch, **fields: Any) -> None:
+    """The two clusters configured again, the first (where a move goes) with `fields`."""
+    configs = (
+        ClusterConfig(
+            name=DEFAULT_FAKE_CLUSTER, reach=ClusterReach.LOCAL, accelerator="cpu", **fields
+        ),
+        ClusterConfig(name=OTHER, accelerator="cpu"),
+    )
+    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
 
 
 def kinds(cluster: Cluster, run_id: int, kind: str) -> list[RunEvent]:
@@ -217,16 +229,7 @@ def test_a_pinned_run_stays_on_its_cluster(cluster: Cluster, limited: FakeSlurm)
 def test_a_cluster_that_does_not_mount_the_checkpoint_is_no_target(
     cluster: Cluster, limited: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    configs = (
-        ClusterConfig(
-            name=DEFAULT_FAKE_CLUSTER,
-            reach=ClusterReach.LOCAL,
-            accelerator="cpu",
-            mounts=(Path("/elsewhere"),),
-        ),
-        ClusterConfig(name=OTHER, accelerator="cpu"),
-    )
-    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
+    first_cluster_is(monkeypatch, mounts=(Path("/elsewhere"),))
     run_id = on_other(cluster, limited)
     silence(limited, run_id, LONG_AGO)
     cluster.tick(2)
@@ -238,16 +241,7 @@ def test_a_cluster_that_does_not_mount_the_checkpoint_is_no_target(
 def test_a_cluster_of_other_gpus_gets_a_layout_planned_for_them(
     cluster: Cluster, limited: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    configs = (
-        ClusterConfig(
-            name=DEFAULT_FAKE_CLUSTER,
-            reach=ClusterReach.LOCAL,
-            accelerator="cpu",
-            hardware="a100-80gb",
-        ),
-        ClusterConfig(name=OTHER, accelerator="cpu"),
-    )
-    monkeypatch.setattr(registry, "clusters", lambda settings: configs)
+    first_cluster_is(monkeypatch, hardware="a100-80gb")
     run_id = on_other(cluster, limited)
     assert cluster.run(run_id).config["plan"]["hardware"] != "a100-80gb"
     silence(limited, run_id, LONG_AGO)
