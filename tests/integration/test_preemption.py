@@ -43,7 +43,7 @@ def test_prod_run_preempts_a_scavenger_run(
     # it stops is the yield's own, taken at the step it stopped (without it, the steps
     # trained since the last commit would be lost; a stop seen on a cadence step would not
     # tell the two apart).
-    spec = tiny_spec("scavenger", steps=240, priority="scavenger", checkpoint_every=240)
+    spec = tiny_spec("scavenger", steps=160, priority="scavenger", checkpoint_every=160)
 
     # Other work holds every node but two: the scavenger run takes all the free ones; it
     # runs first, and only then is the scavenger placed on what is left.
