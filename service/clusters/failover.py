@@ -155,23 +155,11 @@ def fits(
     )
 
 
-def choose_target(
-    others: Sequence[OtherCluster],
-    *,
-    need_nodes: int,
-    hardware: Collection[str],
-    checkpoint_readable: bool = True,
-) -> OtherCluster | None:
-    """The cheapest cluster that fits: one that mounts the checkpoint (the copy is the only
-    part of the cost that differs between targets), then the most free nodes (room for the
-    run's spares), then the name, so that the choice is the same on every tick."""
-    fitting = [
-        o
-        for o in others
-        if fits(
-            o, need_nodes=need_nodes, hardware=hardware, checkpoint_readable=checkpoint_readable
-        )
-    ]
+def cheapest(fitting: Sequence[OtherCluster]) -> OtherCluster | None:
+    """The cheapest of the clusters that fit (`fits`): one that mounts the checkpoint (the
+    copy is the only part of the cost that differs between targets), then the most free
+    nodes (room for the run's spares), then the name, so that the choice is the same on
+    every tick."""
     if not fitting:
         return None
     return min(fitting, key=lambda o: (not o.mounts_checkpoint, -o.free_nodes, o.name))
@@ -206,7 +194,7 @@ def decide(
     checkpoint cannot be read now (or copies are not made): only a cluster that mounts it
     may then take the run. `choose` picks among the clusters that fit (`fits`); the
     service passes placement's own rule (reconcile/failover.py), which plans the run on
-    each; None: `choose_target`'s order."""
+    each; None: `cheapest`."""
     if need_nodes < 1:
         raise ValueError(f"need_nodes must be at least 1, got {need_nodes}")
     why = why_it_cannot_run(
@@ -232,10 +220,7 @@ def decide(
             o, need_nodes=need_nodes, hardware=hardware, checkpoint_readable=checkpoint_readable
         )
     ]
-    if choose is not None:
-        target = choose(fitting) if fitting else None
-    else:
-        target = choose_target(fitting, need_nodes=need_nodes, hardware=hardware)
+    target = (choose or cheapest)(fitting) if fitting else None
     if target is None:
         return FailoverDecision(FailoverAction.WAIT, FailoverReason.NO_CLUSTER_FITS)
     return FailoverDecision(FailoverAction.FAIL_OVER, why, target.name)

@@ -56,7 +56,7 @@ from service.clusters.failover import (
 )
 from service.clusters.reachability import Reachability, reachability
 from service.clusters.repository import PlacementCounts, placement_counts
-from service.clusters.stranded import StrandedRun, stranded_runs
+from service.clusters.stranded import RUNS_THAT_NEED_A_CLUSTER, StrandedRun, stranded_runs
 from service.config import Settings
 from service.config_areas.clusters import ClusterConfig
 from service.db import session_scope
@@ -120,15 +120,7 @@ def fail_over_stranded_runs(settings: Settings) -> None:
 def judge(session: Session, settings: Settings, item: StrandedRun) -> FailoverDecision | None:
     """One stranded run: the rule's decision, acted on (None: nothing left to judge)."""
     run = repository.get_run(session, item.run_id, for_update=True)
-    if (
-        run is None
-        or run.cluster != item.cluster
-        or run.state
-        not in (
-            RunState.PENDING,
-            RunState.RUNNING,
-        )
-    ):
+    if run is None or run.cluster != item.cluster or run.state not in RUNS_THAT_NEED_A_CLUSTER:
         return None  # moved, ended or cancelled since the list was read
     configs = {c.name: c for c in registry.clusters(settings)}
     if run.cluster not in configs:
@@ -177,7 +169,6 @@ def home_of(run: Run, item: StrandedRun, settings: Settings, now: datetime) -> R
     """The run's cluster as the rule weighs it. Short of nodes since its last attempt ended
     (or it was submitted): until then it ran. Stepping while its ranks reported within the
     silence that marks a node's agent dead."""
-    since_ended = max((a.ended_at for a in run.attempts if a.ended_at), default=run.created_at)
     stepping = (
         run.last_progress_at is not None
         and (now - run.last_progress_at).total_seconds() < settings.heartbeat_dead_s
@@ -191,9 +182,15 @@ def home_of(run: Run, item: StrandedRun, settings: Settings, now: datetime) -> R
         unreachable_for_s=unreachable_for,
         healthy_nodes=item.usable_nodes,
         spare_nodes=0,  # usable_nodes counts the spares already
-        short_for_s=(now - since_ended).total_seconds() if short else 0.0,
+        short_for_s=(now - waiting_since(run)).total_seconds() if short else 0.0,
         run_stepping=stepping,
     )
+
+
+def waiting_since(run: Run) -> datetime:
+    """Since when a run short of nodes has waited for them: its last attempt's end, or its
+    submission (until then it ran, or had not asked)."""
+    return max((a.ended_at for a in run.attempts if a.ended_at), default=run.created_at)
 
 
 def other_of(
@@ -249,9 +246,7 @@ def move(
     """The run continues on `target` from `checkpoint` (module docstring), in the layout
     `resharded_to` where the target's hardware differs (None: the run's own)."""
     home = run.cluster
-    since = item.unreachable_since or max(
-        (a.ended_at for a in run.attempts if a.ended_at), default=run.created_at
-    )
+    since = item.unreachable_since or waiting_since(run)
     resume = f"step {checkpoint.step}" if checkpoint else "scratch (no trusted checkpoint)"
     reason = f"cluster {home} cannot run it ({item.reason.value}); continues on {target.name}"
     incident = open_incident(
