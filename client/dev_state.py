@@ -9,6 +9,10 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout the dev cluster runs from
+# `runyard dev up --clusters`: runyard-dev and runyard-dev-b. Two: a third's ports (4000
+# above, slurmds from 21001) would fall among the ones the tests' own listeners draw from
+# (tests/conftest.py, LISTEN_PORTS).
+MAX_CLUSTERS = 2
 
 
 def default_slurm_prefix() -> Path | None:

@@ -9,12 +9,7 @@ from pathlib import Path
 
 import typer
 
-from client.doctor.hooks import check_hooks
-from client.doctor.identity import check_identity
 from client.doctor.result import Area, Check, SiteSettings, Status
-from client.doctor.site import check_agents, check_clusters, check_filesystem, check_postgres
-from client.doctor.slurm import check_slurm
-from client.doctor.wire import check_wire
 from client.output import Exit, console, fail, print_json, print_table
 
 STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.SKIP: "dim"}
@@ -22,6 +17,14 @@ STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.S
 
 def run_checks(settings: SiteSettings, areas: set[Area]) -> list[Check]:
     """The checks of `areas`, in the order a site fixes them (Slurm first)."""
+    # The checks' modules (Postgres drivers, Slurm's and TLS's helpers) load here, not at
+    # the top: every `runyard` call imports this module to list its commands.
+    from client.doctor.hooks import check_hooks
+    from client.doctor.identity import check_identity
+    from client.doctor.site import check_agents, check_clusters, check_filesystem, check_postgres
+    from client.doctor.slurm import check_slurm
+    from client.doctor.wire import check_wire
+
     checks: list[Check] = []
     slurm_up = True
     if Area.SLURM in areas:

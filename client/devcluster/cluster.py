@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 from runyard_client.tls import client_context
 
-from client.dev_state import default_slurm_prefix, default_state_dir
+from client.dev_state import MAX_CLUSTERS, default_slurm_prefix, default_state_dir
 from client.devcluster import accounting, identity, pg_instance, port_claim, postgres, tls
 from client.devcluster.clusters_file import clusters_toml
 from client.devcluster.errors import DevClusterError
@@ -68,9 +68,6 @@ PREFIX_PORT_OFFSET = 1000
 # second's slurmctld 18817, its slurmds 19001...): clear of a prefix cluster's 1000 above,
 # and a prefix cluster's second (3000 above) clear of both.
 MEMBER_PORT_OFFSET = 2000
-# Two: a third's ports (4000 above, slurmds from 21001) would fall among the ones the
-# tests' own listeners draw from (tests/conftest.py, LISTEN_PORTS).
-MAX_CLUSTERS = 2
 
 
 def database_name(slurm_prefix: Path | None) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.api import RunyardClient
-from client.devcluster.cluster import default_database_url, default_state_dir
+from client.dev_state import default_state_dir
 
 SITE_SETTINGS_FILE = Path("/etc/runyard/runyard.env")
 
@@ -70,6 +70,15 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+def _dev_database_url() -> str:
+    """The dev cluster's database: imported here, not at the top, because every `runyard`
+    call imports the doctor's modules to list its commands, and the dev cluster's
+    machinery (Postgres drivers among it) was 0.5 s of each call's start."""
+    from client.devcluster.cluster import default_database_url
+
+    return default_database_url()
+
+
 @dataclass(frozen=True)
 class SiteSettings:
     """The part of the service's settings the doctor needs, resolved like the service does."""
@@ -99,7 +108,7 @@ class SiteSettings:
         url = values.get("RUNYARD_URL") or values.get("RUNYARD_PUBLIC_URL")
         return cls(
             service_url=url or f"http://127.0.0.1:{port}",
-            database_url=values.get("RUNYARD_DATABASE_URL") or default_database_url(),
+            database_url=values.get("RUNYARD_DATABASE_URL") or _dev_database_url(),
             slurm_conf=values.get("RUNYARD_SLURM_CONF") or values.get("SLURM_CONF"),
             partition=values.get("RUNYARD_PARTITION", "train"),
             checkpoint_root=Path(checkpoints),
