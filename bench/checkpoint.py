@@ -48,7 +48,8 @@ from contract import ModelShape, WorkerRunConfig
 from worker import checkpoint
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
-from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
+from worker.distributed import init_distributed, shutdown_distributed
+from worker.launch import read_launch_env
 from worker.parallel import ParallelDims, build_training_model
 from worker.save_options import SaveOptions
 from worker.step import build_optimizer, next_token_loss, train_step

@@ -44,8 +44,9 @@ from planner.schemas import MFU_CONVENTION
 from planner.transformer import layer_params, model_flops_per_token
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
-from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
+from worker.distributed import init_distributed, shutdown_distributed
 from worker.errors import UnsupportedLayoutError
+from worker.launch import read_launch_env
 from worker.parallel import ParallelDims, build_training_model
 from worker.parallel.float8 import check_fp8_hardware
 from worker.step import build_optimizer, next_token_loss, train_step

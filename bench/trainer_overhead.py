@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contract import ModelShape, WorkerRunConfig
 from worker.data import TokenBatches
-from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
+from worker.distributed import init_distributed, shutdown_distributed
+from worker.launch import read_launch_env
 from worker.model import build_model
 from worker.reporter import Reporter
 from worker.train import train_loop

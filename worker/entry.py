@@ -33,13 +33,18 @@ def run_attempt(service_url: str, attempt_id: int) -> None:
             raise DoNotRetryError(
                 f"service sent attempt {config.attempt_id}'s config for attempt {attempt_id}"
             )
-        from worker.distributed import read_launch_env  # torch from here on
+        from worker.launch import read_launch_env
 
         if config.entrypoint is not None:  # the user's own script, which reports itself
             from worker.entrypoint import run_entrypoint
 
+            # No torch in this launcher: the script imports its own, in its own process.
             run_entrypoint(config, read_launch_env(), service_url)
             return
+        from worker.imports import import_long_lived
+
+        # runyard's trainer, from here on: torch._dynamo comes with the first optimizer.
+        import_long_lived("torch", "torch._dynamo", "torch.distributed", "worker.distributed")
         from worker.train import train  # a replica group's too (config.fault_tolerance)
 
         launch = read_launch_env()
@@ -95,11 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service-url", required=True)
     parser.add_argument("--attempt-id", type=int, required=True)
     args = parser.parse_args(argv)
-    from worker.imports import import_long_lived
-
-    # Every attempt trains through torch (a user's entrypoint script too: read_launch_env);
-    # torch._dynamo comes with the first optimizer anyway.
-    import_long_lived("torch", "torch._dynamo", "torch.distributed", "worker.distributed")
     run_attempt(args.service_url, args.attempt_id)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from contract import ExitCode, WorkerRunConfig
 from contract.entrypoint import script_python_environment
 from worker import client
-from worker.distributed import LaunchEnv
 from worker.errors import DoNotRetryError
+from worker.launch import LaunchEnv
 from worker.reporter import FileReporter, HttpReporter, Reporter
 from worker.script_checkpoints import CheckpointWatcher
 from worker.script_progress import OutputReader, ProgressParser, StepReports

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from contract import WorkerRunConfig
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches
-from worker.distributed import node_name
 from worker.fault_points import NO_FAULTS, FaultPoints
+from worker.launch import node_name
 from worker.parallel import ParallelDims, TrainingModel
 from worker.parallel.context_parallel import shard_sequence
 from worker.parallel.data_parallel import clip_grad_norm, set_micro_batch_sync

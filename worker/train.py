@@ -37,17 +37,12 @@ from worker import checkpoint, sdc
 from worker.anomaly import Anomaly, SpikeDetector, TrainingAnomalyError
 from worker.cross_group import CrossGroupSync
 from worker.data import TokenBatches, open_corpus
-from worker.distributed import (
-    LaunchEnv,
-    init_distributed,
-    pick_device,
-    read_launch_env,
-    shutdown_distributed,
-)
+from worker.distributed import init_distributed, pick_device, shutdown_distributed
 from worker.errors import CheckpointNotCommittedError, DoNotRetryError
 from worker.evaluate import Evaluator
 from worker.fault_points import NO_FAULTS, FaultPoints
 from worker.faults import fault_points_from_env
+from worker.launch import LaunchEnv, read_launch_env
 from worker.parallel import ParallelDims, TrainingModel, build_training_model, check_supported
 from worker.reporter import FileReporter, Reporter
 from worker.step import (

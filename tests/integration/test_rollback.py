@@ -26,7 +26,7 @@ inject_faults(*FAULTS)
 
 def reference_losses(run: dict, tmp_path: Path, skips: list[dict]) -> dict[int, float]:
     """The run's config on one rank, fresh, with `skips` from the start."""
-    from worker.distributed import read_launch_env
+    from worker.launch import read_launch_env
     from worker.reporter import FileReporter
     from worker.train import train
 

@@ -29,7 +29,7 @@ from service.slurm import accounting, commands, json_output, queries, version
 from service.slurm.hostlist import compress_hostlist
 from service.slurm.target import SlurmTarget
 from service.slurm.topology import TopologyKind, parse_topology
-from worker.distributed import parse_node_addr
+from worker.launch import parse_node_addr
 
 # The Slurm the environment reaches, as the commands' tests have always run them.
 LOCAL = SlurmTarget("")

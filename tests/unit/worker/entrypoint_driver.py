@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from contract import WorkerRunConfig
-from worker.distributed import LaunchEnv
 from worker.entrypoint import run_entrypoint
+from worker.launch import LaunchEnv
 
 if __name__ == "__main__":
     config_path, rank, world_size, port = sys.argv[1:5]

@@ -35,9 +35,10 @@ import torch.distributed as dist
 
 from contract import WorkerRunConfig
 from worker.cross_group import CrossGroupSync
-from worker.distributed import LaunchEnv, init_distributed
+from worker.distributed import init_distributed
 from worker.fault_tolerance import ReplicaGroupSync
 from worker.faults import InjectedFault, fault_points_from_env
+from worker.launch import LaunchEnv
 from worker.reporter import FileReporter, Reporter
 from worker.train import train_loop
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from contract import WorkerRunConfig
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import train
 

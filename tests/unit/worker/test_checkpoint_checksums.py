@@ -13,7 +13,8 @@ from worker_helpers import TINY_MODEL
 
 from contract import ModelShape
 from worker import checkpoint, faults
-from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
+from worker.distributed import init_distributed, shutdown_distributed
+from worker.launch import read_launch_env
 from worker.model import build_model
 
 

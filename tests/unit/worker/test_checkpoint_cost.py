@@ -29,7 +29,7 @@ from service.runs.goodput import compute_goodput
 from service.worker_protocol.schemas import CheckpointReport
 from service.workers import service as workers
 from tests.fixtures.rows import add_attempt, add_run, checkpoint_path
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter
 from worker.save_options import WRITER_ENV
 from worker.train import train

@@ -25,8 +25,8 @@ from contract import (
 )
 from tests.fixtures.tokenizer_folders import train_bpe_folder
 from worker.data_prepare import PrepareSettings, prepare_dataset
-from worker.distributed import read_launch_env
 from worker.errors import DoNotRetryError
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import train
 

@@ -15,9 +15,9 @@ from worker_helpers import run_launchers, tiny_spec
 
 from contract import Entrypoint, ResumePoint, WorkerRunConfig
 from worker import client
-from worker.distributed import LaunchEnv
 from worker.entrypoint import ScriptFailedError, run_entrypoint, script_environment
 from worker.errors import DoNotRetryError
+from worker.launch import LaunchEnv
 from worker.reporter import Reporter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

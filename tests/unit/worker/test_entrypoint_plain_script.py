@@ -16,8 +16,8 @@ from worker_helpers import run_launchers, tiny_spec
 
 from contract import ResumePoint, WorkerRunConfig
 from worker import client
-from worker.distributed import LaunchEnv
 from worker.entrypoint import ScriptFailedError, run_entrypoint, script_argv
+from worker.launch import LaunchEnv
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = REPO_ROOT / "tests" / "fixtures" / "scripts" / "plain_steps.py"

@@ -9,7 +9,7 @@ from pathlib import Path
 from worker_helpers import FakeService, tiny_spec
 
 from contract import WorkerRunConfig
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter, HttpReporter
 from worker.train import train
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from contract import ParallelLayout
-from worker.distributed import (
+from worker.errors import DoNotRetryError, UnsupportedLayoutError
+from worker.launch import (
     PORT_BASE,
     LaunchEnv,
     first_hostname,
@@ -13,7 +14,6 @@ from worker.distributed import (
     port_from_job_id,
     read_launch_env,
 )
-from worker.errors import DoNotRetryError, UnsupportedLayoutError
 from worker.parallel import ParallelDims, check_supported
 
 # `scontrol show node gpu001 -o` on the dev cluster (Slurm 22.05.8), one line.

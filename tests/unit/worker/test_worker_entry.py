@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import FakeService, free_port, tiny_spec
+from worker_helpers import REPO_ROOT, FakeService, clean_env, free_port, tiny_spec
 
 from contract import ExitCode
 from worker.entry import run_attempt
@@ -70,3 +70,33 @@ def test_an_unsupported_layout_exits_do_not_retry(
         run_attempt(fake_service.url, 9)
     assert exited.value.code == ExitCode.DO_NOT_RETRY
     assert "precision=fp8 needs an NVIDIA GPU with FP8 tensor cores" in capsys.readouterr().err
+
+
+def test_the_launcher_of_a_users_script_does_not_import_torch(
+    fake_service: FakeService, tmp_path: Path
+) -> None:
+    """A user's script imports its own torch, in its own process: its launcher only hands it
+    its place and watches it, and paid torch's import beside it (4 CPU-s a rank on the dev
+    cluster's cores, at every attempt) for nothing. The script reads its parent's mappings."""
+    script = tmp_path / "train.py"
+    found = tmp_path / "parent_maps_torch.txt"
+    script.write_text(
+        "import os, pathlib\n"
+        "maps = pathlib.Path(f'/proc/{os.getppid()}/maps').read_text()\n"
+        f"pathlib.Path({str(found)!r}).write_text(str('libtorch' in maps))\n"
+    )
+    spec = tiny_spec(tmp_path / "ckpt", tmp_path / "cache", attempt_id=9, steps=3)
+    fake_service.config = spec | {"entrypoint": {"script": str(script)}}
+    task = {
+        "SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+        "SLURM_JOB_NODELIST": "gpu001", "SLURMD_NODENAME": "gpu001",
+        "RUNYARD_MASTER_ADDR": "127.0.0.1", "RUNYARD_MASTER_PORT": str(free_port()),
+    }  # fmt: skip
+    launcher = subprocess.run(
+        [sys.executable, "-m", "worker.entry", "--service-url", fake_service.url,
+         "--attempt-id", "9"],
+        env=clean_env(PYTHONPATH=str(REPO_ROOT), **task),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert launcher.returncode == 0, launcher.stderr[-3000:]
+    assert found.read_text() == "False", "the launcher had torch loaded beside the script"

@@ -18,8 +18,8 @@ from worker_helpers import clean_env, tiny_spec
 
 from contract import WorkerRunConfig
 from worker.anomaly import TrainingAnomalyError
-from worker.distributed import read_launch_env
 from worker.faults import InjectedFault
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter, Reporter
 from worker.train import train
 

@@ -28,7 +28,7 @@ from worker_helpers import tiny_spec
 import worker
 from contract import WorkerRunConfig
 from worker.data import TokenBatches
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import Reporter
 from worker.train import train
 

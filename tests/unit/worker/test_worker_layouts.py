@@ -30,7 +30,7 @@ from worker_helpers import clean_env, tiny_spec
 from contract import WorkerRunConfig
 from worker.checkpoint import MARKER
 from worker.data import TokenBatches, open_corpus
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.model import build_model
 from worker.reporter import FileReporter
 from worker.train import lr_at, train

@@ -15,7 +15,8 @@ from worker_helpers import tiny_spec
 
 from contract import Float8Scaling, ModelShape, WorkerRunConfig
 from worker import checkpoint
-from worker.distributed import init_distributed, read_launch_env, shutdown_distributed
+from worker.distributed import init_distributed, shutdown_distributed
+from worker.launch import read_launch_env
 from worker.model import Transformer, build_model
 from worker.parallel.context_parallel import local_positions, shard_sequence
 from worker.parallel.pipeline import split_layers, stage_ids, stage_model

@@ -21,7 +21,7 @@ from worker_helpers import clean_env, free_port, tiny_spec
 
 from contract import WorkerRunConfig
 from worker.checkpoint import MARKER, latest_committed
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import train
 

@@ -24,7 +24,7 @@ from service.runs.rollback import skip_for
 from service.worker_protocol.schemas import ErrorReport
 from worker.anomaly import SpikeDetector, TrainingAnomalyError
 from worker.checkpoint import latest_committed
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter, HttpReporter
 from worker.step import StepFigures
 from worker.train import train

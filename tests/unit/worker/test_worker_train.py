@@ -13,7 +13,7 @@ import yaml
 from worker_helpers import tiny_spec
 
 from contract import ExitCode, WorkerRunConfig
-from worker.distributed import read_launch_env
+from worker.launch import read_launch_env
 from worker.reporter import FileReporter
 from worker.train import lr_at, main, train
 
