@@ -528,7 +528,11 @@ def owners_python(user: str, root: Path) -> Path:
     wheel.chmod(0o644)
     as_user = ["runuser", "-u", user, "--"]
     base = getattr(sys, "_base_executable", sys.executable)  # the interpreter runyard's venv is of
-    subprocess.run([*as_user, base, "-m", "venv", str(env)], check=True, capture_output=True)
+    # Without pip of its own (ensurepip: 5 s of the fixture's 12): runyard's pip installs
+    # into it, as `pip --python` does for anyone.
+    subprocess.run(
+        [*as_user, base, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True
+    )
     heavy = sysconfig_purelib(sys.executable)
     own = sysconfig_purelib(str(env / "bin" / "python"))
     subprocess.run(
@@ -537,8 +541,8 @@ def owners_python(user: str, root: Path) -> Path:
         check=True, capture_output=True,
     )  # fmt: skip
     subprocess.run(
-        [*as_user, str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
-         "--no-deps", str(wheel)],
+        [*as_user, sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"),
+         "install", "-q", "--no-index", "--no-deps", str(wheel)],
         check=True, capture_output=True, cwd="/",
     )  # fmt: skip
     return env / "bin" / "python"
