@@ -30,10 +30,11 @@ from tests.integration.test_run_as_owner import live_attempt, runs_as
 pytestmark = pytest.mark.integration
 
 # Long enough for `runyard login`, `runyard token list` and `runyard run submit` (three CLI
-# starts of 1-3 s each here, a few more on a busy CI machine), which alone use the token;
-# short enough that the run's first attempt, checked with the admin's token meanwhile, takes
-# most of it to start training (60 s made the test wait ~30 s more for the expiry).
-LOGIN_TTL_S = 30
+# starts of under a second each here since the command tree loads lazily, a few more on a
+# busy CI machine), which alone use the token; short enough that the run's first attempt,
+# checked with the admin's token meanwhile, takes most of it to start training (30 s made
+# the test wait ~15 s more for the expiry, 60 s ~45 s).
+LOGIN_TTL_S = 15
 RUNYARD = Path(sys.executable).parent / "runyard"  # the virtualenv's CLI, as a user runs it
 
 
