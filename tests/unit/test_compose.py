@@ -225,6 +225,7 @@ def test_compose_file_is_valid_and_complete() -> None:
         assert services[node]["hostname"] == node  # Slurm reaches each node by its name
 
 
+@pytest.mark.heavy  # every image's contents: 8.5 s, make test-all
 def test_every_program_a_container_runs_is_in_its_image() -> None:
     missing = []
     for name, service in resolved()["services"].items():

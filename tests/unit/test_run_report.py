@@ -8,6 +8,7 @@ from typing import Any
 
 import matplotlib.image
 import numpy as np
+import pytest
 
 from client.report.data import ReportData
 from client.report.html import plan_vs_achieved, render_report
@@ -139,6 +140,7 @@ def test_plan_sits_beside_what_was_achieved() -> None:
     assert rows["checkpoint every"] == ("50 steps", "20 steps")
 
 
+@pytest.mark.heavy  # a browser: 5 s, make test-all
 def test_report_is_one_page_with_four_plots_that_chromium_loads(tmp_path: Path) -> None:
     page = render_report(history(), tmp_path)
 

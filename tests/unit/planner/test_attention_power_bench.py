@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "attention_power.py"
 
 
+@pytest.mark.heavy  # every ring shape timed: 6 s, make test-all (its smoke: make test)
 def test_the_bench_measures_every_ring_shape_against_the_planner() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH), "--device", "cpu", "--seq", "64", "--seconds", "0.01",

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DISTRIBUTION = REPO_ROOT / "runyard-client"
 # runyard's own packages, and what they pull in: none may come with the client.
@@ -55,6 +57,7 @@ def test_importing_runyard_client_imports_nothing_of_runyards(tmp_path: Path) ->
     assert not imported & NOT_IMPORTED, sorted(imported & NOT_IMPORTED)
 
 
+@pytest.mark.heavy  # a fresh virtualenv and pip: 10 s, make test-all
 def test_it_installs_alone_into_a_fresh_environment(tmp_path: Path) -> None:
     """A wheel built from runyard-client/, installed with no package index: had it any
     dependency, pip could not install it; then a session runs with nothing else there."""

@@ -160,6 +160,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.heavy  # a process killed and run again: 5-7 s, make test-all
 def test_sigkill_between_shards_and_journal_then_resume(
     tmp_path: Path, texts: list[str], tokenizer_dir: Path
 ) -> None:

@@ -120,6 +120,7 @@ def run(tmp_path: Path, data_cache_dir: Path, name: str, **spec: Any) -> dict[in
     return read_losses(metrics)
 
 
+@pytest.mark.heavy  # torch.compile: 4.5-5 s, make test-all
 def test_compile_and_recompute_train_like_eager_and_share_checkpoints(
     tmp_path: Path, data_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
