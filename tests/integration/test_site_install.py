@@ -28,9 +28,10 @@ would.
 
 Then the run that step 10 submitted trains; an Xid 79 line is appended to one of its nodes'
 kernel log (as the driver writes it); the agent the document started reads it, the service
-drains the node, resumes the run from its last checkpoint on other nodes, and the run
-succeeds. Afterwards the node is resumed, the processes the document started are stopped by
-their pid files, the database dropped, and the cluster left as found.
+drains the node, resumes the run from its last checkpoint on other nodes, and it trains on
+past that checkpoint (the incident's recovery). Afterwards the node is resumed, the processes
+the document started are stopped by their pid files (the run's job cancelled), the database
+dropped, and the cluster left as found.
 """
 
 from __future__ import annotations
@@ -343,18 +344,24 @@ def test_install_from_the_docs_then_a_run_survives_an_xid(site: Site) -> None:
     )
     assert bad not in second["nodes"] and healthy in second["nodes"]
     assert second["resume_step"] in committed(client, run_id)
-    wait_for(
-        "the run to succeed",
-        lambda: client.get_run(run_id)["state"] == "SUCCEEDED",
-        timeout_s=180,
+    # Recovered once the new attempt trains past its checkpoint (the incident's first step
+    # after the signal). Training on to the spec's 200th step would prove nothing more
+    # here: a run's end is make test's other whole paths' (10-15 s of this test's ~80).
+    incident = wait_for(
+        "the Xid's incident to see training again",
+        lambda: next(
+            (i for i in client.list_incidents() if i["run_id"] == run_id and i["recovery_s"]),
+            None,
+        ),
+        timeout_s=120,
         context=lambda: client.get_run(run_id)["state_reason"],
     )
-    final = client.get_run(run_id)
-    assert final["num_hardware_restarts"] == 1 and final["last_step"] == 200
-    incident = next(i for i in client.list_incidents() if i["run_id"] == run_id)
     assert incident["signal"] == "xid:79" and incident["node_name"] == bad
+    resumed = client.get_run(run_id)
+    assert resumed["num_hardware_restarts"] == 1 and resumed["state"] == "RUNNING"
+    assert (resumed["last_step"] or 0) > second["resume_step"]
     print(
         f"site install: installed {installed_s:.0f} s, training past a commit at "
         f"{trained_s:.0f} s, Xid on {bad} recovered in {incident['recovery_s']:.1f} s, "
-        f"run done at {time.monotonic() - started:.0f} s"
+        f"at {time.monotonic() - started:.0f} s"
     )
