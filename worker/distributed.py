@@ -5,7 +5,8 @@ LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Under Slurm (srun, or a submitit task) 
 task knows only its SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; rank 0 hosts a TCPStore on
 the first node of the allocation and the others connect to it. With neither, the worker is
 a one-process world (a local debugging run) and still gets a process group, so the rest of
-the code never branches on "distributed or not".
+the code never branches on "distributed or not". Which of the three applies, and this
+task's place, is read from the environment by worker/launch.py (no torch there).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every `runyard` call imports the command tree to find its command: what the tree imports
 at the top is paid by each call (a token minted per node, a script polling `run show`). The
-dev cluster's machinery and the doctor's checks (Postgres drivers, the planner's contract
-models, TLS) load inside the commands that use them: 1.45 s a call before, 0.7 s after, on the
+dev cluster's machinery and the doctor's checks (Postgres drivers, templates, TLS) load
+inside the commands that use them: 1.45 s a call before, 0.7 s after, on the
 dev machine's 2 cores."""
 
 from __future__ import annotations

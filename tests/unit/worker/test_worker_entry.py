@@ -21,10 +21,9 @@ def test_importing_entry_does_not_import_torch() -> None:
     assert pickle.loads(pickle.dumps(run_attempt)) is run_attempt
 
 
-@pytest.fixture
-def one_slurm_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process as task 0 of a one-task Slurm job on gpu001."""
-    for name, value in {
+def one_task_variables() -> dict[str, str]:
+    """What Slurm (and runyard's batch script) gives task 0 of a one-task job on gpu001."""
+    return {
         "SLURM_JOB_ID": "77",
         "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0",
@@ -33,7 +32,13 @@ def one_slurm_task(monkeypatch: pytest.MonkeyPatch) -> None:
         "SLURMD_NODENAME": "gpu001",
         "RUNYARD_MASTER_ADDR": "127.0.0.1",
         "RUNYARD_MASTER_PORT": str(free_port()),
-    }.items():
+    }
+
+
+@pytest.fixture
+def one_slurm_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as task 0 of a one-task Slurm job on gpu001."""
+    for name, value in one_task_variables().items():
         monkeypatch.setenv(name, value)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -87,15 +92,10 @@ def test_the_launcher_of_a_users_script_does_not_import_torch(
     )
     spec = tiny_spec(tmp_path / "ckpt", tmp_path / "cache", attempt_id=9, steps=3)
     fake_service.config = spec | {"entrypoint": {"script": str(script)}}
-    task = {
-        "SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
-        "SLURM_JOB_NODELIST": "gpu001", "SLURMD_NODENAME": "gpu001",
-        "RUNYARD_MASTER_ADDR": "127.0.0.1", "RUNYARD_MASTER_PORT": str(free_port()),
-    }  # fmt: skip
     launcher = subprocess.run(
         [sys.executable, "-m", "worker.entry", "--service-url", fake_service.url,
          "--attempt-id", "9"],
-        env=clean_env(PYTHONPATH=str(REPO_ROOT), **task),
+        env=clean_env(PYTHONPATH=str(REPO_ROOT), **one_task_variables()),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert launcher.returncode == 0, launcher.stderr[-3000:]
