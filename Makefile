@@ -41,12 +41,15 @@ test: up
 	$(PYTEST) -m whole_path tests/integration
 
 # Everything, as CI runs it: every integration test on the real Postgres and Slurm.
+# The unit tests run in two processes as in `make test`; the heavy ones (timings that need
+# the machine to themselves) and the integration tests (one dev cluster) in one, after.
 test-all: up
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
-	$(PYTEST)
+	$(PYTEST) -n 2 -m "not integration and not heavy" tests/unit
+	$(PYTEST) -m "integration or heavy"
 
-# The whole-path tier on Slurm 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by
-# scripts/build_slurm.sh: about 27 minutes once, cached after) on a dev cluster of its own
+# The whole paths marked every_slurm on Slurm 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by
+# scripts/build_slurm.sh: about 5 minutes once, cached after) on a dev cluster of its own
 # (.runyard/dev-slurm-24.11, topology/block, ports 1000 above), beside or without the
 # default 22.05 one; then the block-topology test, which runs only there.
 SLURM_2411 ?= /opt/slurm-24.11
@@ -54,7 +57,7 @@ ON_2411 := RUNYARD_DEV_SLURM=$(SLURM_2411) PATH=$(SLURM_2411)/bin:$(SLURM_2411)/
 test-slurm-24.11: $(STAMP)
 	bash scripts/build_slurm.sh $(SLURM_2411)
 	$(VENV)/bin/python -m compileall -q -j 0 contract worker service client planner sim tests migrations
-	$(ON_2411) $(VENV)/bin/pytest -ra -m whole_path
+	$(ON_2411) $(VENV)/bin/pytest -ra -m every_slurm
 	$(ON_2411) $(VENV)/bin/pytest -ra tests/integration/test_block_topology.py
 
 # lint-imports: the contracts in pyproject.toml (directions, no cycles, service's layers);

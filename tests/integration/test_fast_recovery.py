@@ -80,6 +80,7 @@ def both_groups_training(client: RunyardClient, run_id: int, past: int) -> dict[
 
 
 @pytest.mark.whole_path
+@pytest.mark.every_slurm
 def test_a_group_loses_a_node_the_other_keeps_training_and_losses_match_the_twin(
     spare_pool: RunyardClient, agents: Agents, slurm_cluster
 ) -> None:

@@ -34,6 +34,7 @@ def succeeded(client: RunyardClient, run_id: int) -> bool:
 
 
 @pytest.mark.whole_path
+@pytest.mark.every_slurm
 def test_prod_run_preempts_a_scavenger_run(
     service: ServiceProcess, agents: Agents, slurm_cluster
 ) -> None:
@@ -111,6 +112,7 @@ def test_prod_run_preempts_a_scavenger_run(
 
 
 @pytest.mark.whole_path
+@pytest.mark.every_slurm
 def test_a_run_longer_than_its_time_limit_runs_as_segments(
     service: ServiceProcess, agents: Agents
 ) -> None:

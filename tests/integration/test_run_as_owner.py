@@ -182,6 +182,7 @@ def test_a_run_naming_another_users_private_folder_is_refused_with_the_path(
 
 
 @pytest.mark.whole_path
+@pytest.mark.every_slurm
 @pytest.mark.timeout(600)
 def test_a_users_script_cannot_reach_another_teams_jobs_the_cluster_or_the_services_secrets(
     service: ServiceProcess, slurm_cluster: Any

@@ -26,6 +26,7 @@ def squeue_nodes(job_id: str, slurm_conf: str) -> int | None:
 
 
 @pytest.mark.whole_path
+@pytest.mark.every_slurm
 def test_submit_train_checkpoint_cancel(service: ServiceProcess, slurm_cluster) -> None:
     client = service.client()
     run = client.submit_run(tiny_spec("lifecycle", steps=5000))

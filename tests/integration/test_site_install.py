@@ -68,7 +68,7 @@ from tests.integration.conftest import (
     slurm,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
+pytestmark = [pytest.mark.integration, pytest.mark.whole_path, pytest.mark.every_slurm]
 DOC = REPO_ROOT / "docs" / "install.md"
 EACH_NODE = "<!-- run: on each compute node -->"
 SITE_DATABASE = f"{TEST_DATABASE}_site"
