@@ -44,7 +44,10 @@ def test_prod_run_preempts_a_scavenger_run(
     # it stops is the yield's own, taken at the step it stopped (without it, the steps
     # trained since the last commit would be lost; a stop seen on a cadence step would not
     # tell the two apart).
-    spec = tiny_spec("scavenger", steps=160, priority="scavenger", checkpoint_every=160)
+    # 240 steps, 210 of them after the wait below: at the 0.06 s pace floor 12.6 s for the
+    # prod run to be placed and the stop to arrive. With 160 steps and 115 after the wait,
+    # a fast machine's scavenger trained its last step before the stop came (2026-12-07).
+    spec = tiny_spec("scavenger", steps=240, priority="scavenger", checkpoint_every=240)
 
     # Other work holds every node but two: the scavenger run takes all the free ones; it
     # runs first, and only then is the scavenger placed on what is left.
@@ -52,7 +55,7 @@ def test_prod_run_preempts_a_scavenger_run(
         scavenger = client.submit_run(spec)["id"]
         wait_for(
             "the scavenger training",
-            lambda: (client.get_run(scavenger)["last_step"] or 0) >= 45,
+            lambda: (client.get_run(scavenger)["last_step"] or 0) >= 30,
             timeout_s=180,  # Slurm may take a scheduling cycle to start it beside the blocker
         )
         assert not client.run_checkpoints(scavenger), "no checkpoint before the yield"
@@ -78,6 +81,7 @@ def test_prod_run_preempts_a_scavenger_run(
         kept = [c for c in client.run_checkpoints(scavenger) if c["committed_at"]]
         assert kept, "the scavenger stopped without a checkpoint: its steps are lost"
         yielded = max(kept, key=lambda c: c["step"])
+        assert yielded["step"] < spec["steps"], "the scavenger ended before the stop came"
         # The yield is a checkpoint of its own, taken once the stop was asked for, at the
         # step the scavenger stopped: nothing it trained is lost. (How fast is measured by
         # bench/, not bounded here.)
