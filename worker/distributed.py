@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from worker.launch import LaunchEnv
+from worker.launch import LaunchEnv, cpu_threads
 
 RENDEZVOUS_TIMEOUT_S = 120.0  # how long rank 0 waits for every task to reach the store
 # Collectives (a checkpoint barrier, a slow rank) get longer: NCCL's own default is 10 min.
@@ -30,11 +30,11 @@ def pick_device(local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device
-    # On CPU under Slurm, use the cores Slurm gave this task (one if it did not say), not
+    # On CPU under Slurm, use the cores Slurm gave this task (launch.cpu_threads), not
     # every core of the machine: the dev cluster runs several slurmd "nodes" on one box, and
     # oversubscribed OpenMP threads spin (a 4x slower step was seen on two cores).
     if "SLURM_JOB_ID" in os.environ:
-        torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
+        torch.set_num_threads(cpu_threads())
     return torch.device("cpu")
 
 

@@ -32,7 +32,7 @@ from contract import ExitCode, WorkerRunConfig
 from contract.entrypoint import script_python_environment
 from worker import client
 from worker.errors import DoNotRetryError
-from worker.launch import LaunchEnv
+from worker.launch import LaunchEnv, cpu_threads
 from worker.reporter import FileReporter, HttpReporter, Reporter
 from worker.script_checkpoints import CheckpointWatcher
 from worker.script_progress import OutputReader, ProgressParser, StepReports
@@ -52,7 +52,8 @@ def script_environment(
     environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
     """The environment the script starts with: ours (without runyard's import path when it
-    runs in the user's own Python), plus torchrun's variables and runyard's."""
+    runs in the user's own Python), plus torchrun's variables (and its OMP_NUM_THREADS
+    rule) and runyard's."""
     env = dict(environ)
     if config.environment is not None:
         env = script_python_environment(env, config.environment.python)
@@ -70,6 +71,9 @@ def script_environment(
             client.ENV_REPORT_INTERVAL_S: str(config.report_interval_s),
         }
     )
+    # torchrun's thread rule, which the script's own launch would have had: a setting of
+    # the user's own (in the environment the job carries) is kept.
+    env.setdefault("OMP_NUM_THREADS", str(cpu_threads(environ)))
     if service_url is not None:
         env[client.ENV_SERVICE_URL] = service_url
     for stale in (client.ENV_RESUME_STEP, client.ENV_RESUME_PATH):

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(REPO_ROOT / "examples" / "lightning_train.py")
 STEPS, SAVE_STEPS = 300, 20
-# 0.2-0.6 s a step on two busy cores: the failure (past the first commit, step 20) lands
-# long before the last step, and the run stays short for make test.
+# About 0.1 s a step at one thread a rank (0.55 s at two, before the launcher set
+# OMP_NUM_THREADS as torchrun does): the failure (past the first commit, step 20) lands long
+# before the last step, and the run stays short.
 SIZE = ["--seq-len", "256", "--batch-size", "16"]
 
 

@@ -84,6 +84,17 @@ def test_the_script_environment_has_torchrun_and_runyard_variables(tmp_path: Pat
     assert (session.rank, session.world_size, session.steps) == (1, 2, 6)
 
 
+def test_the_script_gets_torchruns_thread_rule_unless_its_user_set_one(tmp_path: Path) -> None:
+    # Slurm's cores for the task, else one, as torchrun's OMP_NUM_THREADS=1: not every core
+    # of the machine for every rank of a node.
+    cfg = config(tmp_path, 6)
+    assert script_environment(cfg, LAUNCH, None, {})["OMP_NUM_THREADS"] == "1"
+    given = {"SLURM_CPUS_PER_TASK": "12"}
+    assert script_environment(cfg, LAUNCH, None, given)["OMP_NUM_THREADS"] == "12"
+    own = {"SLURM_CPUS_PER_TASK": "12", "OMP_NUM_THREADS": "4"}
+    assert script_environment(cfg, LAUNCH, None, own)["OMP_NUM_THREADS"] == "4"
+
+
 def test_stop_requests_reach_the_script() -> None:
     before = signal.getsignal(signal.SIGUSR2)
     reporter = Reporter()
