@@ -65,7 +65,7 @@ def test_a_stop_saves_through_the_framework_and_the_next_attempt_resumes_there(
     assert stop_step > 0 and committed(client, run_id)[0] == stop_step  # the stop's own save
     (saved,) = [c for c in client.run_checkpoints(run_id) if c["step"] == stop_step]
     assert Path(saved["path"]).name == framework.stop_checkpoint.format(step=stop_step)
-    metrics = client.run_metrics(run_id, after_step=max(stop_step - 50, 0), limit=1000)
+    metrics = client.run_metrics(run_id, after_step=max(stop_step - 50, 0), limit=10_000)
     before = sorted(m["step"] for m in metrics if m["attempt_id"] == first["id"])
     after = sorted(m["step"] for m in metrics if m["attempt_id"] == second["id"])
     assert before and before[-1] == stop_step  # trained up to the save, not past it
@@ -80,7 +80,7 @@ def jobs_of_tests(conf: str) -> list[str]:
 
 
 def trained_by(client: RunyardClient, run_id: int, attempt_id: int, after: int) -> list[int]:
-    metrics = client.run_metrics(run_id, after_step=after, limit=1000)
+    metrics = client.run_metrics(run_id, after_step=after, limit=10_000)
     return sorted(m["step"] for m in metrics if m["attempt_id"] == attempt_id)
 
 

@@ -26,12 +26,13 @@ from tests.integration.conftest import (
 pytestmark = [pytest.mark.integration, pytest.mark.whole_path]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STEPS, SAVE_STEPS = 80, 20
-# The script's own default shape (64-token sequences, 8 a rank): the failure (3 steps past
-# the first commit, step 20) is detected and the node drained within a few steps (the first
-# attempt's last reported step was 25, 2026-12-06), well before the last; the second attempt
-# trains 60. 256 x 16 took the test 93 s, this 49 s, on the same quiet 2-core machine.
-ARGS = ["--save-steps", str(SAVE_STEPS), "--seq-len", "64", "--batch-size", "8"]
+STEPS, SAVE_STEPS = 120, 20
+# About 0.1 s a step at this shape with one thread a rank: the failure (3 steps past the
+# first commit, step 20) is detected and the node drained within ten or so steps, well
+# before the last, and the steps trained twice (after the resume point, before the loss)
+# are there to compare. (The script's default 64 x 8 trains 60 steps a second: the first
+# attempt reached its third commit, step 60, before it was stopped, on 2026-12-07.)
+ARGS = ["--save-steps", str(SAVE_STEPS), "--seq-len", "256", "--batch-size", "16"]
 
 
 def watch(service: ServiceProcess, run_id: int) -> tuple[int, str]:
@@ -88,7 +89,7 @@ def test_a_trainer_script_resumes_on_a_spare_from_its_newest_checkpoint(
     # BLAS then sums in another order: ulps, grown over a few steps). A resume from another
     # step, or with the data out of order, is off by more than 1e-2.
     attempts = [a["id"] for a in final["attempts"]]
-    rows = client.run_metrics(run_id, after_step=resume_step, limit=1000)
+    rows = client.run_metrics(run_id, after_step=resume_step, limit=10_000)
     before = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[0]}
     after = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[1]}
     assert min(after) == resume_step + 1  # the Trainer went on from the checkpoint's step

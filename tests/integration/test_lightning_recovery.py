@@ -64,7 +64,7 @@ def test_a_lightning_script_resumes_on_a_spare_from_its_newest_checkpoint(
     # the batches a function of the step, two ranks' all-reduce order-free; the margin for a
     # spare whose BLAS sums in another order).
     attempts = [a["id"] for a in final["attempts"]]
-    rows = client.run_metrics(run_id, after_step=resume_step, limit=1000)
+    rows = client.run_metrics(run_id, after_step=resume_step, limit=10_000)
     before = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[0]}
     after = {m["step"]: m["loss"] for m in rows if m["attempt_id"] == attempts[1]}
     assert min(after) == resume_step + 1  # Lightning's global step went on from the checkpoint's

@@ -73,7 +73,7 @@ def test_plan_accuracy_shows_a_trained_runs_predicted_and_measured_step_time(
 
 
 def losses(client: RunyardClient, run_id: int) -> dict[int, float]:
-    return {m["step"]: m["loss"] for m in client.run_metrics(run_id, after_step=-1, limit=1000)}
+    return {m["step"]: m["loss"] for m in client.run_metrics(run_id, after_step=-1, limit=10_000)}
 
 
 def test_a_gpt2_vocabulary_trains_at_tp2_as_at_tp1_and_exports_unpadded(
