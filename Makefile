@@ -48,10 +48,11 @@ test-all: up
 	$(PYTEST) -n 2 -m "not integration and not heavy" tests/unit
 	$(PYTEST) -m "integration or heavy"
 
-# The whole paths marked every_slurm on Slurm 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by
-# scripts/build_slurm.sh: about 5 minutes once, cached after) on a dev cluster of its own
-# (.runyard/dev-slurm-24.11, topology/block, ports 1000 above), beside or without the
-# default 22.05 one; then the block-topology test, which runs only there.
+# The whole paths marked every_slurm (their Slurm calls differ between versions) on Slurm
+# 24.11 (Debian 13's 24.11.5, built into $(SLURM_2411) by scripts/build_slurm.sh: about 5
+# minutes once, cached after) on a dev cluster of its own (.runyard/dev-slurm-24.11,
+# topology/block, ports 1000 above), beside or without the default 22.05 one; then the
+# block-topology test, which runs only there.
 SLURM_2411 ?= /opt/slurm-24.11
 ON_2411 := RUNYARD_DEV_SLURM=$(SLURM_2411) PATH=$(SLURM_2411)/bin:$(SLURM_2411)/sbin:$$PATH
 test-slurm-24.11: $(STAMP)
